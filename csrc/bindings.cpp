@@ -1,0 +1,286 @@
+// The only file that sees Python headers. It converts arguments, releases the GIL around I/O
+// and scanning, maps C++ errors to Python exceptions, and turns scanned samples into the dicts
+// webdataset yields. Only flashstream/engine.py imports this module.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "common/errors.hpp"
+#include "io/engine.hpp"
+#include "io/sequential_reader.hpp"
+#include "tar/tar_scanner.hpp"
+
+namespace nb = nanobind;
+using namespace flashstream;
+
+namespace {
+
+PyObject* g_format_error = nullptr;  // flashstream._core.FormatError (a ValueError)
+
+// OSError(errno, strerror, filename) picks the subclass (FileNotFoundError, ...) from errno.
+void raise_os_error(const IoError& e) {
+  std::string text = std::strerror(e.error_code());
+  text += " (" + e.op();
+  if (e.offset() >= 0) text += " at offset " + std::to_string(e.offset());
+  text += ")";
+  PyObject* exc = PyObject_CallFunction(PyExc_OSError, "isO", e.error_code(), text.c_str(),
+                                        nb::str(e.path().c_str()).ptr());
+  if (exc == nullptr) return;  // the call already set an error
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+  Py_DECREF(exc);
+}
+
+void translate_exceptions(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const IoError& e) {
+    raise_os_error(e);
+  } catch (const FormatError& e) {
+    nb::object args = nb::make_tuple(nb::str(e.what()), e.offset());
+    PyErr_SetObject(g_format_error, args.ptr());
+  }
+}
+
+// Borrowed view of any contiguous buffer-protocol object, released on scope exit.
+class BufferView {
+ public:
+  explicit BufferView(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+using ByteView = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+class PyReader {
+ public:
+  PyReader(const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& extents,
+           size_t chunk_size, unsigned queue_depth, const std::string& engine, bool direct) {
+    if (chunk_size == 0) throw nb::value_error("chunk_size must be positive");
+    if (queue_depth == 0) throw nb::value_error("queue_depth must be positive");
+    std::vector<Extent> list;
+    list.reserve(extents.size());
+    for (const auto& [path, start, end] : extents) list.push_back({path, start, end});
+    ReaderOptions options;
+    options.chunk_size = chunk_size;
+    options.queue_depth = queue_depth;
+    options.engine = engine;
+    options.direct = direct;
+    try {
+      nb::gil_scoped_release release;  // the constructor opens files and queues reads
+      reader_ = std::make_unique<SequentialReader>(std::move(list), options);
+    } catch (const std::invalid_argument& e) {
+      throw nb::value_error(e.what());
+    }
+  }
+
+  // (extent, offset, data, first, last), or None after the last chunk. `data` is a zero-copy
+  // view of the reader's buffer: valid until the next call to next() or skip_extent().
+  nb::object next(nb::handle self) {
+    Chunk chunk;
+    bool more;
+    {
+      nb::gil_scoped_release release;
+      more = live().next(chunk);
+    }
+    if (!more) return nb::none();
+    // A memoryview over a numpy array that keeps this reader alive: never dangling, even
+    // if a caller holds on to it (its contents change once the buffer is reused).
+    ByteView array(const_cast<uint8_t*>(chunk.data), {chunk.size}, self);
+    nb::object view = nb::steal(PyMemoryView_FromObject(nb::cast(array).ptr()));
+    if (!view.is_valid()) throw nb::python_error();
+    return nb::make_tuple(chunk.extent, chunk.offset, view, chunk.first, chunk.last);
+  }
+
+  void skip_extent() {
+    nb::gil_scoped_release release;
+    live().skip_extent();
+  }
+
+  void close() {
+    nb::gil_scoped_release release;
+    reader_.reset();  // waits for reads still in flight
+  }
+
+  std::string engine() { return live().engine_name(); }
+
+  nb::dict stats() {
+    const ReaderStats& s = live().stats();
+    nb::dict d;
+    d["bytes_read"] = s.bytes_read;
+    d["requests"] = s.requests;
+    d["short_reads"] = s.short_reads;
+    d["direct_files"] = s.direct_files;
+    d["buffered_files"] = s.buffered_files;
+    return d;
+  }
+
+ private:
+  SequentialReader& live() {
+    if (!reader_) throw nb::value_error("reader is closed");
+    return *reader_;
+  }
+  std::unique_ptr<SequentialReader> reader_;
+};
+
+class PyScanner {
+ public:
+  PyScanner() : key_key_("__key__"), url_key_("__url__"), local_key_("__local_path__") {}
+
+  void begin_shard(nb::object url, nb::object local_path, uint64_t start_offset) {
+    url_ = std::move(url);
+    local_path_ = std::move(local_path);
+    fed_ = nb::none();
+    scanner_.begin_shard(start_offset);
+  }
+
+  // Emitted samples may point into `data`, so it is kept alive until the next feed or take.
+  void feed(nb::handle data) {
+    BufferView view(data);
+    fed_ = nb::borrow(data);
+    nb::gil_scoped_release release;
+    scanner_.feed(view.data(), view.size());
+  }
+
+  void end_shard() {
+    nb::gil_scoped_release release;
+    scanner_.end_shard();
+  }
+
+  bool at_end() const { return scanner_.at_end(); }
+
+  // The completed samples as webdataset-style dicts, in order; with_offsets also returns the
+  // shard offset of each sample's first header (the resume position).
+  nb::object take(bool with_offsets) {
+    std::vector<Sample>& samples = scanner_.samples();
+    nb::list out;
+    nb::list offsets;
+    for (const Sample& sample : samples) {
+      out.append(to_dict(sample));
+      if (with_offsets) offsets.append(nb::make_tuple(sample.offset, sample.end_offset));
+    }
+    scanner_.clear_samples();
+    fed_ = nb::none();
+    if (with_offsets) return nb::make_tuple(out, offsets);
+    return out;
+  }
+
+  nb::dict stats() const {
+    const ScanStats& s = scanner_.stats();
+    nb::dict d;
+    d["members"] = s.members;
+    d["skipped"] = s.skipped;
+    d["samples"] = s.samples;
+    d["bytes"] = s.bytes;
+    return d;
+  }
+
+ private:
+  // Key order matches webdataset's group_by_keys: __key__, __url__, first field,
+  // __local_path__, further fields.
+  nb::dict to_dict(const Sample& sample) {
+    nb::dict d;
+    d[key_key_] = decode(sample.key);
+    d[url_key_] = url_;
+    bool first = true;
+    for (const Field& field : sample.fields) {
+      nb::object value = nb::steal(PyBytes_FromStringAndSize(
+          reinterpret_cast<const char*>(field.data), static_cast<Py_ssize_t>(field.size)));
+      if (!value.is_valid()) throw nb::python_error();
+      d[extension(field.ext)] = value;
+      if (first && !local_path_.is_none()) d[local_key_] = local_path_;
+      first = false;
+    }
+    return d;
+  }
+
+  // tarfile decodes names as UTF-8 with surrogateescape; we do the same.
+  static nb::object decode(const std::string& raw) {
+    PyObject* s = PyUnicode_DecodeUTF8(raw.data(), static_cast<Py_ssize_t>(raw.size()),
+                                       "surrogateescape");
+    if (s == nullptr) throw nb::python_error();
+    return nb::steal(s);
+  }
+
+  // Extensions repeat on every sample: decode each once. The scanner lowercased ASCII;
+  // str.lower() finishes the job for non-ASCII names, as webdataset's suffix.lower() does.
+  nb::object extension(const std::string& raw) {
+    auto it = ext_cache_.find(raw);
+    if (it != ext_cache_.end()) return it->second;
+    nb::object s = decode(raw);
+    for (unsigned char c : raw) {
+      if (c >= 0x80) {
+        s = s.attr("lower")();
+        break;
+      }
+    }
+    PyObject* raw_str = s.release().ptr();
+    PyUnicode_InternInPlace(&raw_str);
+    s = nb::steal(raw_str);
+    ext_cache_.emplace(raw, s);
+    return s;
+  }
+
+  TarScanner scanner_;
+  nb::str key_key_, url_key_, local_key_;
+  nb::object url_ = nb::none(), local_path_ = nb::none(), fed_ = nb::none();
+  std::unordered_map<std::string, nb::object> ext_cache_;
+};
+
+nb::object split_key_py(nb::bytes name) {
+  std::string_view key, ext;
+  if (!split_key(std::string_view(name.c_str(), name.size()), &key, &ext)) return nb::none();
+  return nb::make_tuple(nb::bytes(key.data(), key.size()), nb::bytes(ext.data(), ext.size()));
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "flashstream C++ core: O_DIRECT sequential reader and tar scanner";
+  g_format_error = PyErr_NewExceptionWithDoc(
+      "flashstream._core.FormatError", "A tar shard is malformed; args = (message, offset).",
+      PyExc_ValueError, nullptr);
+  m.attr("FormatError") = nb::borrow(g_format_error);
+  nb::register_exception_translator(translate_exceptions);
+
+  m.def("uring_available", &uring_available,
+        "True when this process can create an io_uring instance.");
+  m.def("split_key", &split_key_py, nb::arg("name"),
+        "webdataset's base_plus_ext on raw bytes: (key, ext) or None.");
+  m.def("is_meta_name", [](nb::bytes name) {
+    return is_meta_name(std::string_view(name.c_str(), name.size()));
+  });
+
+  nb::class_<PyReader>(m, "Reader")
+      .def(nb::init<const std::vector<std::tuple<std::string, uint64_t, uint64_t>>&, size_t,
+                    unsigned, const std::string&, bool>(),
+           nb::arg("extents"), nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
+           nb::arg("direct"))
+      .def("next", [](nb::handle self) { return nb::cast<PyReader&>(self).next(self); })
+      .def("skip_extent", &PyReader::skip_extent)
+      .def("close", &PyReader::close)
+      .def_prop_ro("engine", &PyReader::engine)
+      .def("stats", &PyReader::stats);
+
+  nb::class_<PyScanner>(m, "Scanner")
+      .def(nb::init<>())
+      .def("begin_shard", &PyScanner::begin_shard, nb::arg("url"), nb::arg("local_path").none(),
+           nb::arg("start_offset") = 0)
+      .def("feed", &PyScanner::feed, nb::arg("data"))
+      .def("end_shard", &PyScanner::end_shard)
+      .def_prop_ro("at_end", &PyScanner::at_end)
+      .def("take", &PyScanner::take, nb::arg("with_offsets") = false)
+      .def("stats", &PyScanner::stats);
+}

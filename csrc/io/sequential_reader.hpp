@@ -1,0 +1,75 @@
+// Sequential reader over a list of byte ranges ("extents") of files, e.g. whole tar shards.
+//
+// Reads chunk_size pieces with aligned O_DIRECT requests, keeps queue_depth of them in flight,
+// and runs ahead across extent boundaries so the next shard is already being read while the
+// current one is scanned. Chunks are delivered strictly in order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/engine.hpp"
+
+namespace flashstream {
+
+constexpr uint64_t kToEnd = UINT64_MAX;
+
+struct Extent {
+  std::string path;
+  uint64_t start = 0;       // first byte wanted
+  uint64_t end = kToEnd;    // one past the last byte wanted; clamped to the file size
+};
+
+struct ReaderOptions {
+  size_t chunk_size = 4 << 20;  // rounded up to the file's O_DIRECT alignment
+  unsigned queue_depth = 8;     // reads in flight
+  std::string engine = "auto";  // auto | uring | threads
+  bool direct = true;           // try O_DIRECT (falls back per file, see InputFile)
+};
+
+struct Chunk {
+  uint32_t extent = 0;     // index into the extent list
+  uint64_t offset = 0;     // file offset of data[0]
+  const uint8_t* data = nullptr;
+  size_t size = 0;         // bytes of [start, end) in this chunk; 0 only for an empty extent
+  bool first = false;      // first chunk of its extent
+  bool last = false;       // last chunk of its extent
+};
+
+struct ReaderStats {
+  uint64_t bytes_read = 0;      // bytes transferred from the files (including alignment over-read)
+  uint64_t requests = 0;        // read requests completed
+  uint64_t short_reads = 0;     // requests that had to be resubmitted for the remainder
+  uint64_t direct_files = 0;    // files opened with O_DIRECT
+  uint64_t buffered_files = 0;  // files that fell back to buffered reads
+};
+
+class SequentialReader {
+ public:
+  SequentialReader(std::vector<Extent> extents, ReaderOptions options);
+  ~SequentialReader();  // waits for (and discards) requests still in flight
+  SequentialReader(const SequentialReader&) = delete;
+  SequentialReader& operator=(const SequentialReader&) = delete;
+
+  // Blocks until the next chunk in order is complete. Returns false after the last chunk.
+  // Every extent yields at least one chunk (an empty file yields one chunk with size 0, first
+  // and last set). `out.data` stays valid until the next call to next() or skip_extent().
+  // Errors of an extent (open failure, read error) are thrown as IoError when that extent's
+  // turn comes, never earlier; after an error, call skip_extent() to go on with the next one.
+  bool next(Chunk& out);
+
+  // Drops the rest of the current extent (the one whose chunk was delivered last, or which
+  // raised); the next call to next() returns the first chunk of the following extent.
+  void skip_extent();
+
+  const char* engine_name() const noexcept;
+  const ReaderStats& stats() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashstream

@@ -1,0 +1,279 @@
+// io_uring engine on raw syscalls (no liburing). One SQE per read; the SQ array is an identity
+// map set up once, so SQEs are filled in ring order.
+#include <linux/io_uring.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "io/engines_internal.hpp"
+
+// Generic syscall numbers (identical on every architecture but alpha) for old libc headers.
+#ifndef __NR_io_uring_setup
+#define __NR_io_uring_setup 425
+#endif
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+#ifndef __NR_io_uring_register
+#define __NR_io_uring_register 427
+#endif
+
+namespace flashstream {
+namespace {
+
+int sys_setup(unsigned entries, io_uring_params* p) {
+  return static_cast<int>(syscall(__NR_io_uring_setup, entries, p));
+}
+int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags) {
+  return static_cast<int>(
+      syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, nullptr, 0));
+}
+int sys_register(int fd, unsigned op, void* arg, unsigned nr) {
+  return static_cast<int>(syscall(__NR_io_uring_register, fd, op, arg, nr));
+}
+
+// Results the kernel may hand back for a read that simply has to be tried again. The cap only
+// guards against a ring that cancels forever (e.g. its creating thread is gone).
+bool retryable(int res) { return res == -EINTR || res == -EAGAIN || res == -ECANCELED; }
+constexpr unsigned kMaxRetries = 1000;
+
+// The kernel caps one read at MAX_RW_COUNT anyway; a shorter count is a legal short read.
+constexpr size_t kMaxReadLen = 0x7ffff000;
+
+struct Fd {
+  int fd = -1;
+  ~Fd() { if (fd >= 0) ::close(fd); }
+};
+
+struct Mapping {
+  void* ptr = MAP_FAILED;
+  size_t size = 0;
+  ~Mapping() { if (ptr != MAP_FAILED) munmap(ptr, size); }
+  void map(int fd, size_t len, off_t what) {
+    ptr = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, what);
+    if (ptr == MAP_FAILED) throw_io_error(errno, "io_uring_setup", "");
+    size = len;
+  }
+  template <typename T>
+  T* at(uint32_t off) const { return reinterpret_cast<T*>(static_cast<char*>(ptr) + off); }
+};
+
+void nap() {
+  struct timespec ts = {0, 50 * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+class UringEngine final : public IoEngine {
+ public:
+  explicit UringEngine(unsigned depth);
+  void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) override;
+  size_t reap(IoCompletion* out, size_t max, size_t min_wait) override;
+  unsigned depth() const noexcept override { return depth_; }
+  const char* name() const noexcept override { return "uring"; }
+
+ private:
+  struct Request {
+    int fd;
+    void* buf;
+    size_t len;
+    uint64_t offset;
+    uint64_t tag;
+    unsigned retries;
+  };
+
+  void push_sqe(uint32_t idx);
+  unsigned unsubmitted() const { return sq_tail_local_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE); }
+  void enter(unsigned min_complete, unsigned flags);
+  void try_flush() noexcept;
+  size_t drain_cq(IoCompletion* out, size_t max);
+
+  unsigned depth_;
+  // Declared before the mappings so the rings are unmapped before the fd is closed.
+  Fd ring_;
+  Mapping sq_map_, cq_map_, sqe_map_;
+  unsigned* sq_head_ = nullptr;
+  unsigned* sq_tail_ = nullptr;
+  unsigned sq_mask_ = 0, sq_entries_ = 0;
+  unsigned sq_tail_local_ = 0;
+  io_uring_sqe* sqes_ = nullptr;
+  unsigned* cq_head_ = nullptr;
+  unsigned* cq_tail_ = nullptr;
+  unsigned cq_mask_ = 0;
+  io_uring_cqe* cqes_ = nullptr;
+  std::vector<Request> reqs_;  // indexed by SQE user_data
+  std::vector<uint32_t> free_;
+};
+
+UringEngine::UringEngine(unsigned depth)
+    : depth_(std::clamp(depth, 1u, kMaxEngineDepth)) {
+  io_uring_params p;
+  std::memset(&p, 0, sizeof p);
+  p.flags = IORING_SETUP_CLAMP;
+  ring_.fd = sys_setup(depth_, &p);
+  if (ring_.fd < 0) throw_io_error(errno, "io_uring_setup", "");
+  if (p.sq_entries < depth_) depth_ = p.sq_entries;  // clamped by the kernel
+
+  size_t sq_size = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+  size_t cq_size = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
+  const bool single = p.features & IORING_FEAT_SINGLE_MMAP;
+  if (single) sq_size = cq_size = std::max(sq_size, cq_size);
+  sq_map_.map(ring_.fd, sq_size, IORING_OFF_SQ_RING);
+  const Mapping& cq = single ? sq_map_ : cq_map_;
+  if (!single) cq_map_.map(ring_.fd, cq_size, IORING_OFF_CQ_RING);
+  sqe_map_.map(ring_.fd, p.sq_entries * sizeof(io_uring_sqe), IORING_OFF_SQES);
+
+  sq_head_ = sq_map_.at<unsigned>(p.sq_off.head);
+  sq_tail_ = sq_map_.at<unsigned>(p.sq_off.tail);
+  sq_mask_ = *sq_map_.at<unsigned>(p.sq_off.ring_mask);
+  sq_entries_ = p.sq_entries;
+  sq_tail_local_ = *sq_tail_;
+  unsigned* array = sq_map_.at<unsigned>(p.sq_off.array);
+  for (unsigned i = 0; i < sq_entries_; ++i) array[i] = i;
+  sqes_ = static_cast<io_uring_sqe*>(sqe_map_.ptr);
+  cq_head_ = cq.at<unsigned>(p.cq_off.head);
+  cq_tail_ = cq.at<unsigned>(p.cq_off.tail);
+  cq_mask_ = *cq.at<unsigned>(p.cq_off.ring_mask);
+  cqes_ = cq.at<io_uring_cqe>(p.cq_off.cqes);
+
+  reqs_.resize(depth_);
+  for (uint32_t i = depth_; i > 0; --i) free_.push_back(i - 1);
+}
+
+void UringEngine::push_sqe(uint32_t idx) {
+  // At most depth_ <= sq_entries_ requests exist, so the SQ cannot be full.
+  if (sq_tail_local_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE) >= sq_entries_)
+    throw std::logic_error("io_uring submission queue overflow");
+  const Request& r = reqs_[idx];
+  io_uring_sqe* sqe = &sqes_[sq_tail_local_ & sq_mask_];
+  std::memset(sqe, 0, sizeof *sqe);
+  sqe->opcode = IORING_OP_READ;
+  sqe->fd = r.fd;
+  sqe->addr = reinterpret_cast<uintptr_t>(r.buf);
+  sqe->len = static_cast<uint32_t>(r.len);
+  sqe->off = r.offset;
+  sqe->user_data = idx;
+  ++sq_tail_local_;
+  // Release: the kernel must see the SQE contents before it sees the new tail.
+  __atomic_store_n(sq_tail_, sq_tail_local_, __ATOMIC_RELEASE);
+}
+
+// Submits what is queued; with IORING_ENTER_GETEVENTS also waits for min_complete CQEs.
+void UringEngine::enter(unsigned min_complete, unsigned flags) {
+  const bool wait = flags & IORING_ENTER_GETEVENTS;
+  for (;;) {
+    unsigned pending = unsubmitted();
+    if (pending == 0 && !wait) return;
+    int rc = sys_enter(ring_.fd, pending, min_complete, flags);
+    if (rc >= 0) {
+      if (wait || rc == 0 || unsubmitted() == 0) return;
+      continue;  // partial submission: push the rest
+    }
+    int err = errno;
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EBUSY) {  // transient kernel resource shortage
+      if (!wait) return;                  // stays queued; the next enter() submits it
+      if (__atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE) != *cq_head_) return;
+      nap();
+      continue;
+    }
+    throw_io_error(err, "io_uring_enter", "");
+  }
+}
+
+void UringEngine::try_flush() noexcept {
+  try {
+    enter(0, 0);
+  } catch (...) {
+    // Left queued in the SQ; the next enter() submits it or reports the error.
+  }
+}
+
+void UringEngine::submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) {
+  if (free_.empty()) throw std::logic_error("io_uring engine: more reads than depth");
+  uint32_t idx = free_.back();
+  reqs_[idx] = Request{fd, buf, std::min(len, kMaxReadLen), offset, tag, 0};
+  push_sqe(idx);
+  free_.pop_back();
+  try {
+    enter(0, 0);
+  } catch (...) {
+    // Withdraw the SQE if the kernel did not take it, so the caller may treat the read as
+    // never queued (it is the newest, and nothing else consumes the SQ between enters).
+    if (unsubmitted() == 0) return;  // taken: it will complete normally
+    --sq_tail_local_;
+    __atomic_store_n(sq_tail_, sq_tail_local_, __ATOMIC_RELEASE);
+    free_.push_back(idx);
+    throw;
+  }
+}
+
+size_t UringEngine::drain_cq(IoCompletion* out, size_t max) {
+  size_t n = 0;
+  unsigned head = *cq_head_;  // only we write the head
+  // Acquire: CQE contents written by the kernel are visible once we see the tail.
+  const unsigned tail = __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE);
+  while (head != tail && n < max) {
+    const io_uring_cqe& cqe = cqes_[head & cq_mask_];
+    const uint32_t idx = static_cast<uint32_t>(cqe.user_data);
+    const int res = cqe.res;
+    ++head;
+    Request& r = reqs_[idx];
+    if (retryable(res) && r.retries < kMaxRetries) {
+      ++r.retries;
+      push_sqe(idx);  // same request again; the caller never sees the interruption
+      continue;
+    }
+    out[n++] = IoCompletion{r.tag, res};
+    free_.push_back(idx);
+  }
+  // Release: we are done reading those CQEs before the kernel may reuse their slots.
+  __atomic_store_n(cq_head_, head, __ATOMIC_RELEASE);
+  if (unsubmitted()) try_flush();
+  return n;
+}
+
+size_t UringEngine::reap(IoCompletion* out, size_t max, size_t min_wait) {
+  size_t n = drain_cq(out, max);
+  while (n < min_wait && n < max) {
+    try {
+      enter(static_cast<unsigned>(min_wait - n), IORING_ENTER_GETEVENTS);
+    } catch (...) {
+      if (n) return n;  // never drop completions already taken off the ring
+      throw;
+    }
+    n += drain_cq(out + n, max - n);
+  }
+  return n;
+}
+
+}  // namespace
+
+std::unique_ptr<IoEngine> make_uring_engine(unsigned depth) {
+  return std::make_unique<UringEngine>(depth);
+}
+
+int probe_uring() {
+  io_uring_params p;
+  std::memset(&p, 0, sizeof p);
+  Fd ring;
+  ring.fd = sys_setup(2, &p);
+  if (ring.fd < 0) return errno;
+  // IORING_OP_READ arrived with Linux 5.6, together with the probe itself.
+  constexpr unsigned kOps = 256;
+  std::vector<char> mem(sizeof(io_uring_probe) + kOps * sizeof(io_uring_probe_op), 0);
+  auto* probe = reinterpret_cast<io_uring_probe*>(mem.data());
+  if (sys_register(ring.fd, IORING_REGISTER_PROBE, probe, kOps) < 0) return errno;
+  if (probe->last_op < IORING_OP_READ || !(probe->ops[IORING_OP_READ].flags & IO_URING_OP_SUPPORTED))
+    return EOPNOTSUPP;
+  return 0;
+}
+
+}  // namespace flashstream

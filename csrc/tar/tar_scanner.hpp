@@ -1,0 +1,84 @@
+// Push parser for tar streams that groups members into WebDataset samples.
+//
+// Bytes of one shard are fed in order, in pieces of any size (chunks from the reader, or
+// decompressed gzip output). The scanner parses 512-byte headers (ustar, GNU long names, pax
+// 'x'/'g' records, old v7), follows Python tarfile's rules for names and member types, and
+// applies webdataset's rules for keys (`base_plus_ext`), skipped metadata members, lowercase
+// extensions and sample boundaries (a new key starts a new sample; a repeated extension within
+// one sample is an error). Samples never span shards.
+//
+// Memory: member data lying wholly inside one fed piece is referenced in place (no copy); data
+// that spans pieces, or belongs to a sample still open when feed() returns, is copied into
+// buffers the scanner owns. So everything in samples() stays valid until clear_samples() or
+// begin_shard(), even after the fed piece's memory is reused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace flashstream {
+
+struct Field {
+  std::string ext;  // extension after the key's first dot, ASCII-lowercased
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  std::shared_ptr<std::vector<uint8_t>> owned;  // set when `data` points into scanner storage
+};
+
+struct Sample {
+  std::string key;          // raw bytes of the key (the name's bytes up to the split point)
+  std::vector<Field> fields;  // in member order
+  uint64_t offset = 0;      // shard offset of the first header belonging to the first member
+  uint64_t end_offset = 0;  // shard offset just past the last member's padded data
+};
+
+struct ScanStats {
+  uint64_t members = 0;       // regular-file members delivered into samples
+  uint64_t skipped = 0;       // directories, links, metadata and unsplittable names
+  uint64_t samples = 0;
+  uint64_t bytes = 0;         // shard bytes consumed
+};
+
+// webdataset's base_plus_ext: re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name). Returns false
+// when the pattern does not match (such members are skipped, as webdataset skips them).
+bool split_key(std::string_view name, std::string_view* key, std::string_view* ext);
+
+// webdataset's metadata filter: names like "__meta__" or "__x__/..." are skipped.
+bool is_meta_name(std::string_view name);
+
+class TarScanner {
+ public:
+  TarScanner();
+
+  // Starts a new shard. `start_offset` is the shard offset of the first byte fed (0 normally;
+  // a 512-aligned header offset when resuming mid-shard). Clears pending state and samples.
+  void begin_shard(uint64_t start_offset = 0);
+
+  // Parses `size` bytes that follow the previously fed bytes. Completed samples are appended
+  // to samples(). Throws FormatError (bad checksum, bad number field, duplicate extension in
+  // a sample, unsupported sparse member, ...) with the shard offset of the offending header.
+  void feed(const uint8_t* data, size_t size);
+
+  // No more bytes for this shard. Flushes the last sample. Throws FormatError for an empty
+  // shard, a truncated header or a truncated member (offset = where the shard ended).
+  void end_shard();
+
+  // True once the end-of-archive marker (a zero block) was seen; later bytes are ignored.
+  bool at_end() const noexcept;
+
+  std::vector<Sample>& samples() noexcept { return samples_; }
+  void clear_samples() noexcept { samples_.clear(); }
+  const ScanStats& stats() const noexcept { return stats_; }
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::vector<Sample> samples_;
+  ScanStats stats_;
+};
+
+}  // namespace flashstream

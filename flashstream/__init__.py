@@ -1,0 +1,33 @@
+"""flashstream: PyTorch I/O for dense NVMe flash.
+
+``ShardStream`` streams WebDataset tar shards with aligned O_DIRECT reads kept in flight by a
+C++ engine (io_uring, or a pread thread pool), and yields exactly webdataset's samples.
+"""
+
+from . import settings
+from .engine import engine_name, uring_available
+from .errors import FlashstreamError, ShardFormatError
+from .sizes import parse_size
+from .stream import (
+    ReadStats,
+    ShardStream,
+    ignore_and_continue,
+    reraise_exception,
+    warn_and_continue,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FlashstreamError",
+    "ReadStats",
+    "ShardFormatError",
+    "ShardStream",
+    "engine_name",
+    "ignore_and_continue",
+    "parse_size",
+    "reraise_exception",
+    "settings",
+    "uring_available",
+    "warn_and_continue",
+]

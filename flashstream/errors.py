@@ -1,0 +1,29 @@
+"""Exceptions raised by flashstream."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["FlashstreamError", "ShardFormatError"]
+
+
+class FlashstreamError(Exception):
+    """Base class of flashstream's own errors (I/O errors are plain ``OSError`` subclasses)."""
+
+
+class ShardFormatError(FlashstreamError, ValueError):
+    """A shard is not a valid (possibly compressed) tar archive.
+
+    ``url`` names the shard and ``offset`` the byte offset of the offending tar header, counted
+    in the decompressed stream for compressed shards.
+    """
+
+    def __init__(self, url: str, offset: Optional[int], reason: str) -> None:
+        self.url = url
+        self.offset = offset
+        self.reason = reason
+        where = f" at byte offset {offset}" if offset is not None else ""
+        super().__init__(f"{url}{where}: {reason}")
+
+    def __reduce__(self):  # survives pickling across DataLoader worker processes
+        return (type(self), (self.url, self.offset, self.reason))

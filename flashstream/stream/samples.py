@@ -1,0 +1,133 @@
+"""One pass over a list of shards: ordered chunks -> tar scanner -> webdataset-style samples.
+
+The reader keeps reads in flight across shard boundaries; the C++ scanner parses each chunk
+with the GIL released and returns the completed samples as dicts. Errors name the shard (and
+the byte offset for format errors) and go through the handler policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from ..engine import TO_END, FormatError, Scanner, open_reader
+from ..errors import ShardFormatError
+from ..settings import IOSettings
+from .decompress import DECOMPRESSION_ERRORS, Decompressor, detect
+from .handlers import Handler
+from .urls import local_path
+
+__all__ = ["ReadStats", "iter_samples"]
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What one pass read (filled in as the pass ends or stops)."""
+
+    engine: str = ""
+    shards: int = 0
+    samples: int = 0
+    members: int = 0
+    bytes_read: int = 0  # bytes transferred from the drive, alignment over-read included
+    requests: int = 0
+    short_reads: int = 0
+    direct_files: int = 0
+    buffered_files: int = 0
+    errors: int = 0
+
+    @property
+    def direct(self) -> bool:
+        """True when every file was read with O_DIRECT."""
+        return self.buffered_files == 0 and self.direct_files > 0
+
+
+class _Pass:
+    """State of one pass; kept out of the generator so the hot loop stays small."""
+
+    def __init__(self, urls: Sequence[str], settings: IOSettings, handler: Handler,
+                 stats: ReadStats) -> None:
+        self.urls = list(urls)
+        self.paths = [local_path(u) for u in self.urls]
+        self.handler = handler
+        self.stats = stats
+        self.reader = open_reader([(p, 0, TO_END) for p in self.paths], settings)
+        self.scanner = Scanner()
+        self.stats.engine = self.reader.engine
+        self.shard = -1  # extent index of the shard being scanned, or last finished
+        self.open = False
+        self.decompressor: Optional[Decompressor] = None
+
+    def start_shard(self, extent: int, head) -> None:
+        self.shard, self.open = extent, True
+        self.stats.shards += 1
+        self.decompressor = detect(head)
+        self.scanner.begin_shard(self.urls[extent], self.paths[extent], 0)
+
+    def scan(self, data, last: bool) -> List[Dict]:
+        if self.decompressor is not None:
+            data = self.decompressor.decompress(data)
+            if last:
+                self.decompressor.finish()
+        self.scanner.feed(data)
+        samples = self.scanner.take()
+        if last:
+            self.scanner.end_shard()
+            samples += self.scanner.take()
+            self.open = False
+        return samples
+
+    def format_error(self, exn: BaseException) -> ShardFormatError:
+        url = self.urls[self.shard]
+        if isinstance(exn, FormatError):
+            message, offset = exn.args
+            if self.decompressor is not None:
+                message += f" (offset in the decompressed {self.decompressor.name} stream)"
+            return ShardFormatError(url, offset, message)
+        offset = self.decompressor.consumed if self.decompressor is not None else None
+        return ShardFormatError(url, offset, f"corrupt compressed data: {exn}")
+
+    def finish(self) -> None:
+        read = self.reader.stats()
+        for name in ("bytes_read", "requests", "short_reads", "direct_files", "buffered_files"):
+            setattr(self.stats, name, read[name])
+        scanned = self.scanner.stats()
+        self.stats.samples, self.stats.members = scanned["samples"], scanned["members"]
+        self.reader.close()
+
+
+def iter_samples(urls: Sequence[str], settings: IOSettings, handler: Handler,
+                 stats: Optional[ReadStats] = None) -> Iterator[Dict]:
+    """Yield the samples of ``urls`` in order. ``stats`` is filled in when the pass ends."""
+    state = _Pass(urls, settings, handler, stats if stats is not None else ReadStats())
+    try:
+        while True:
+            try:
+                chunk = state.reader.next()
+            except OSError as exn:
+                # Errors surface at the failing shard's turn: all earlier chunks were delivered.
+                state.stats.errors += 1
+                if not state.handler(exn):
+                    return
+                state.reader.skip_extent()
+                state.shard, state.open = (state.shard if state.open else state.shard + 1), False
+                continue
+            if chunk is None:
+                return
+            extent, _offset, data, first, last = chunk
+            try:
+                if first:
+                    state.start_shard(extent, data)
+                samples = state.scan(data, last)
+            except (FormatError, *DECOMPRESSION_ERRORS) as exn:
+                # Samples completed before the bad spot are good: deliver them first.
+                yield from state.scanner.take()
+                state.stats.errors += 1
+                if not state.handler(state.format_error(exn)):
+                    return
+                if not last:
+                    state.reader.skip_extent()
+                state.open = False
+                continue
+            yield from samples
+    finally:
+        state.finish()

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import flashstream  # noqa: E402
+from flashstream import settings  # noqa: E402
+
+ENGINES = ["uring", "threads", "python"]
+PEER_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "peer-data" / "webdataset"
+
+
+def child_env() -> dict:
+    """Environment for a child Python that must import the flashstream these tests import."""
+    return dict(os.environ, PYTHONPATH=str(Path(flashstream.__file__).resolve().parents[1]))
+
+
+def available_engines():
+    return [e for e in ENGINES if e != "uring" or flashstream.uring_available()]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    """Runs a test once per engine; uring is skipped where the kernel or seccomp refuses it."""
+    if request.param == "uring" and not flashstream.uring_available():
+        pytest.skip("io_uring is not available in this process")
+    with settings.override(engine=request.param):
+        yield request.param
+
+
+def direct_io_works(directory: Path) -> bool:
+    probe = directory / ".odirect-probe"
+    probe.write_bytes(b"x" * 4096)
+    try:
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    os.close(fd)
+    return True
+
+
+@pytest.fixture
+def no_direct_dir(tmp_path):
+    """A directory whose filesystem refuses O_DIRECT: a ramfs we mount (root), else /dev/shm
+    where the kernel's tmpfs still refuses it (tmpfs accepts O_DIRECT since Linux 6.6)."""
+    mount_point = tmp_path / "ramfs"
+    mount_point.mkdir()
+    if subprocess.run(["mount", "-t", "ramfs", "none", str(mount_point)],
+                      capture_output=True).returncode == 0:
+        yield mount_point
+        subprocess.run(["umount", str(mount_point)], check=False)
+        return
+    shm = Path("/dev/shm") / f"flashstream-test-{os.getpid()}"
+    shm.mkdir(exist_ok=True)
+    try:
+        if direct_io_works(shm):
+            pytest.skip("no filesystem here refuses O_DIRECT (need root for ramfs)")
+        yield shm
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.fixture
+def peer_data():
+    if not PEER_DATA.is_dir():
+        pytest.skip(f"peer data not found at {PEER_DATA}")
+    return PEER_DATA

@@ -1,0 +1,177 @@
+"""Bad shards and bad arguments give clear errors, and continue-handlers skip bad shards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import warnings
+
+import pytest
+from conftest import child_env
+from shardgen import make_samples, write_tar
+
+import flashstream
+from flashstream import ShardFormatError, ShardStream
+
+
+@pytest.fixture
+def good(tmp_path):
+    return write_tar(tmp_path / "good.tar", make_samples(20, sizes=[3000]))
+
+
+def corrupt(path, offset, value=b"\xff"):
+    data = bytearray(path.read_bytes())
+    data[offset:offset + len(value)] = value
+    path.write_bytes(bytes(data))
+    return path
+
+
+def second_header_offset(path):
+    with tarfile.open(path) as tar:
+        return tar.getmembers()[1].offset
+
+
+def test_bad_checksum_names_shard_and_offset(tmp_path, good, engine):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(good.read_bytes())
+    offset = second_header_offset(bad)
+    corrupt(bad, offset + 10, b"Z")  # inside the name: the checksum no longer matches
+    with pytest.raises(ShardFormatError) as info:
+        list(ShardStream(str(bad)))
+    assert info.value.url == str(bad) and info.value.offset == offset
+    assert "bad.tar" in str(info.value) and str(offset) in str(info.value)
+
+
+def test_samples_before_the_bad_header_are_delivered(tmp_path, good):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(good.read_bytes())
+    with tarfile.open(bad) as tar:
+        offset = tar.getmembers()[10].offset  # first member of sample 5
+    corrupt(bad, offset + 148, b"9999999")
+    seen = []
+    with pytest.raises(ShardFormatError):
+        for sample in ShardStream(str(bad)):
+            seen.append(sample["__key__"])
+    assert seen == [f"s{i:06d}" for i in range(5)]
+
+
+def test_truncated_member(tmp_path, good, engine):
+    bad = tmp_path / "trunc.tar"
+    data = good.read_bytes()
+    with tarfile.open(good) as tar:
+        member = tar.getmembers()[7]
+    cut = member.offset_data + member.size // 2
+    bad.write_bytes(data[:cut])
+    with pytest.raises(ShardFormatError, match="truncated") as info:
+        list(ShardStream(str(bad)))
+    assert info.value.url == str(bad)
+    assert info.value.offset is not None
+
+
+def test_truncated_header(tmp_path, good):
+    bad = tmp_path / "trunc.tar"
+    bad.write_bytes(good.read_bytes()[: second_header_offset(good) + 100])
+    with pytest.raises(ShardFormatError, match="truncated"):
+        list(ShardStream(str(bad)))
+
+
+def test_garbage_file(tmp_path, engine):
+    bad = tmp_path / "garbage.tar"
+    bad.write_bytes(os.urandom(5000))
+    with pytest.raises(ShardFormatError) as info:
+        list(ShardStream(str(bad)))
+    assert info.value.offset == 0
+
+
+def test_empty_file(tmp_path, engine):
+    bad = tmp_path / "empty.tar"
+    bad.write_bytes(b"")
+    with pytest.raises(ShardFormatError, match="empty"):
+        list(ShardStream(str(bad)))
+
+
+def test_missing_file(tmp_path, engine):
+    with pytest.raises(FileNotFoundError) as info:
+        list(ShardStream(str(tmp_path / "nope.tar")))
+    assert "nope.tar" in str(info.value)
+
+
+def test_corrupt_gzip(tmp_path):
+    good = write_tar(tmp_path / "a.tgz", make_samples(30, sizes=[5000]), mode="w:gz")
+    data = bytearray(good.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 50] = b"\x00" * 50
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError) as info:
+        list(ShardStream(str(bad)))
+    assert info.value.url == str(bad)
+    truncated = tmp_path / "cut.tgz"
+    truncated.write_bytes(good.read_bytes()[:-40])
+    with pytest.raises(ShardFormatError, match="truncated|corrupt"):
+        list(ShardStream(str(truncated)))
+
+
+def test_duplicate_extension_in_a_sample(tmp_path):
+    bad = write_tar(tmp_path / "dup.tar", [("a", {"txt": b"1"}), ("a", {"txt": b"2"})])
+    with pytest.raises(ShardFormatError, match="duplicate"):
+        list(ShardStream(str(bad)))
+
+
+@pytest.mark.parametrize("handler", ["warn", "ignore", flashstream.ignore_and_continue])
+def test_continue_handlers_skip_bad_shards(tmp_path, good, handler, engine):
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    garbage = tmp_path / "garbage.tar"
+    garbage.write_bytes(os.urandom(20000))
+    urls = [str(empty), str(good), str(tmp_path / "missing.tar"), str(garbage), str(good)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(ShardStream(urls, handler=handler, chunk_size="4KiB"))
+    assert len(samples) == 40
+    if handler == "warn":
+        assert len(caught) == 3
+
+
+def test_handler_returning_false_stops(tmp_path, good):
+    urls = [str(good), str(tmp_path / "missing.tar"), str(good)]
+    samples = list(ShardStream(urls, handler=lambda exn: False))
+    assert len(samples) == 20
+
+
+@pytest.mark.skipif(not hasattr(os, "setuid"), reason="needs POSIX users")
+def test_permission_denied(tmp_path, good):
+    locked = tmp_path / "locked.tar"
+    locked.write_bytes(good.read_bytes())
+    locked.chmod(0)
+    # Root reads anything, so the child drops to nobody after importing flashstream.
+    code = (
+        "import os, sys\nfrom flashstream import ShardStream\n"
+        "if os.geteuid() == 0:\n    os.setgid(65534); os.setuid(65534)\n"
+        "try:\n    list(ShardStream(sys.argv[1]))\n"
+        "except PermissionError as e:\n    print('PermissionError', e)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(locked)], capture_output=True,
+                            text=True, cwd=tmp_path, env=child_env())
+    assert "PermissionError" in result.stdout, result.stderr
+    assert "locked.tar" in result.stdout
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="at least one shard"):
+        ShardStream([])
+    with pytest.raises(ValueError, match="reraise, warn, ignore"):
+        ShardStream("x.tar", handler="explode")
+    with pytest.raises(ValueError, match="shuffle"):
+        ShardStream("x.tar", shuffle="yes")
+    with pytest.raises(ValueError, match="local files"):
+        ShardStream("http://example.invalid/a.tar")
+    with pytest.raises(ValueError, match="queue_depth"):
+        ShardStream("x.tar", queue_depth=0)
+    with pytest.raises(ValueError, match="MiB"):
+        ShardStream("x.tar", chunk_size="lots")
+    with pytest.raises(ValueError, match="auto, uring, threads, python"):
+        ShardStream("x.tar", engine="spdk")
+    with pytest.raises(FileNotFoundError, match="no shard matches"):
+        ShardStream("/nonexistent-dir/*.tar")

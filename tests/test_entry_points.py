@@ -1,0 +1,62 @@
+"""Examples, the benchmark and the CLI run end to end at tiny sizes, so they never rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import child_env
+from shardgen import make_samples, write_tar
+
+from flashstream.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, cwd=None):
+    result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                            cwd=cwd, timeout=600, env=child_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_example_read_shards(tmp_path):
+    out = run(ROOT / "examples" / "read_shards.py", tmp_path)
+    assert "epoch 1: 256 samples" in out
+
+
+def test_epoch_benchmark_generates_data_and_writes_json(tmp_path):
+    pytest.importorskip("webdataset")
+    out_json = tmp_path / "epoch.json"
+    out = run(ROOT / "benchmarks" / "epoch.py", "--size", "3MiB", "--rounds", "1",
+              "--workdir", tmp_path / "data", "--json", out_json)
+    assert "cold shardstream" in out
+    result = json.loads(out_json.read_text())
+    for profile in ("100KB", "8KB"):
+        median = result["results"][profile]["median"]
+        assert median["cold_shardstream"]["samples"] > 0
+        assert median["warm_webdataset"]["samples"] == median["warm_shardstream"]["samples"]
+        assert 0.0 <= median["cache_residency_after_shardstream"] <= 1.0
+
+
+def test_epoch_benchmark_on_existing_data(tmp_path):
+    write_tar(tmp_path / "a.tar", make_samples(20, sizes=[5000]))
+    out = run(ROOT / "benchmarks" / "epoch.py", "--data", tmp_path, "--rounds", "1",
+              "--no-webdataset", "--no-fio", "--json", tmp_path / "o.json")
+    assert "cold shardstream" in out
+
+
+def test_cli_scan_and_info(tmp_path, capsys):
+    good = write_tar(tmp_path / "a.tar", make_samples(12))
+    assert cli_main(["scan", str(good), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["samples"] == 12 and summary["errors"] == []
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"not a tar file" * 100)
+    assert cli_main(["scan", str(good), str(bad)]) == 1
+    assert "bad.tar at byte offset 0" in capsys.readouterr().out
+    assert cli_main(["info"]) == 0
+    assert "engine" in capsys.readouterr().out
