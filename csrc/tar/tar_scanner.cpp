@@ -192,9 +192,11 @@ void TarScanner::State::end() {
   if (!fed) fail(pos, "empty shard");
   if (phase == Phase::kEnd) return;
   const std::string at = " (shard ends at offset " + std::to_string(pos) + ")";
-  if (phase == Phase::kHeader && header_fill > 0)
+  if (phase == Phase::kHeader && header_fill > 0) {
+    emit_open();  // complete, as above: only the next header is cut short
     fail(pos, "truncated tar header at offset " + std::to_string(pos - header_fill) + ": " +
                   std::to_string(header_fill) + " of 512 bytes");
+  }
   if (phase == Phase::kExtData || (pending.active && pos < data_end))
     fail(pos, "truncated extended tar header at offset " + std::to_string(ext_offset) + at);
   if (phase == Phase::kData || (phase == Phase::kSkip && pos < data_end))
@@ -266,7 +268,15 @@ const uint8_t* TarScanner::State::take_skip(const uint8_t* p, const uint8_t* end
 
 void TarScanner::State::on_header(const uint8_t* h, uint64_t offset) {
   if (tar::is_zero_block(h)) return on_end_block(offset);
-  const tar::RawHeader raw = tar::parse_header(h, offset);
+  tar::RawHeader raw;
+  try {
+    raw = tar::parse_header(h, offset);
+  } catch (const FormatError&) {
+    // Every member of the open sample is complete: deliver it before the error, as webdataset
+    // does (tarfile ends the archive at a bad header and the open sample is flushed).
+    emit_open();
+    throw;
+  }
   switch (raw.type) {
     case 'L': case 'K': case 'x': case 'X': case 'g':
       return begin_extended(raw, offset);
