@@ -15,15 +15,19 @@ from .stream import (
     reraise_exception,
     warn_and_continue,
 )
+from .telemetry import DeviceInfo, device_of, format_device
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeviceInfo",
     "FlashstreamError",
     "ReadStats",
     "ShardFormatError",
     "ShardStream",
+    "device_of",
     "engine_name",
+    "format_device",
     "ignore_and_continue",
     "parse_size",
     "reraise_exception",

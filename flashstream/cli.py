@@ -11,6 +11,7 @@ from typing import List, Optional
 from . import __version__, settings
 from .engine import engine_name, uring_available
 from .stream import ShardStream
+from .telemetry import device_of, format_device
 
 __all__ = ["main"]
 
@@ -27,6 +28,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     }
     print(json.dumps(info, indent=2) if args.json else
           "\n".join(f"{k:20s} {v}" for k, v in info.items()))
+    return 0
+
+
+def cmd_device(args: argparse.Namespace) -> int:
+    info = device_of(args.path, health=not args.no_health)
+    print(json.dumps(info.to_dict(), indent=2) if args.json else format_device(info))
     return 0
 
 
@@ -72,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="engine and settings in force")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
+    device = sub.add_parser("device", help="the block device behind a path, and its health")
+    device.add_argument("path", nargs="?", default=".")
+    device.add_argument("--no-health", action="store_true", help="skip nvme-cli")
+    device.add_argument("--json", action="store_true")
+    device.set_defaults(func=cmd_device)
     scan = sub.add_parser("scan", help="read shards end to end; report samples, speed, errors")
     scan.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     scan.add_argument("--list", action="store_true", help="print each sample's key and fields")

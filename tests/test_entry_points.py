@@ -60,3 +60,5 @@ def test_cli_scan_and_info(tmp_path, capsys):
     assert "bad.tar at byte offset 0" in capsys.readouterr().out
     assert cli_main(["info"]) == 0
     assert "engine" in capsys.readouterr().out
+    assert cli_main(["device", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dev"]
