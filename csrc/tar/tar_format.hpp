@@ -93,6 +93,20 @@ inline IntParse nti(const uint8_t* f, size_t len, int64_t* out) {
     }
     return IntParse::kOk;
   }
+  // Fast path for the usual "0000644\0" / "   644 \0": optional spaces, octal digits, then
+  // only NULs or spaces. Anything else takes the exact route below.
+  size_t i = 0;
+  while (i < len && f[i] == ' ') ++i;
+  const size_t first_digit = i;
+  int64_t value = 0;
+  for (; i < len && f[i] >= '0' && f[i] <= '7'; ++i) value = value * 8 + (f[i] - '0');
+  if (i > first_digit) {
+    while (i < len && f[i] == ' ') ++i;
+    if (i == len || f[i] == 0) {
+      *out = value;
+      return IntParse::kOk;
+    }
+  }
   std::string_view text = nts(f, len);
   for (char c : text)
     if (static_cast<unsigned char>(c) >= 0x80) return IntParse::kInvalid;  // not ASCII
@@ -113,11 +127,6 @@ struct RawHeader {
   std::string_view prefix;  // nts(ustar prefix field)
 };
 
-inline bool is_zero_block(const uint8_t* h) {
-  static const uint8_t kZeros[kBlock] = {};
-  return std::memcmp(h, kZeros, kBlock) == 0;
-}
-
 // tarfile.calc_chksums: the header's byte sum with the checksum field counted as spaces,
 // taking bytes as unsigned or (some old tars) as signed.
 inline void header_sums(const uint8_t* h, int64_t* unsigned_sum, int64_t* signed_sum) {
@@ -128,11 +137,17 @@ inline void header_sums(const uint8_t* h, int64_t* unsigned_sum, int64_t* signed
   *signed_sum = 256 + int64_t(sum) - 256 * int64_t(high);
 }
 
-// tarfile.frombuf on a non-zero block: verifies the checksum and every number field (tarfile
-// rejects the header when any of them is malformed) and returns the fields we need.
-inline RawHeader parse_header(const uint8_t* h, uint64_t offset) {
+// tarfile.frombuf: returns false for an all-zero block (the end of the archive); otherwise
+// verifies the checksum and every number field (tarfile rejects the header when any of them
+// is malformed) and fills in the fields we need.
+inline bool parse_header(const uint8_t* h, uint64_t offset, RawHeader* r) {
   int64_t checksum = 0, unsigned_sum = 0, signed_sum = 0;
   header_sums(h, &unsigned_sum, &signed_sum);
+  if (unsigned_sum == 256) {  // every byte outside the checksum field is zero
+    uint64_t field;
+    std::memcpy(&field, h + 148, 8);
+    if (field == 0) return false;
+  }
   if (nti(h + 148, 8, &checksum) != IntParse::kOk ||
       (checksum != unsigned_sum && checksum != signed_sum))
     fail(offset, "invalid tar header checksum at offset " + std::to_string(offset));
@@ -147,28 +162,28 @@ inline RawHeader parse_header(const uint8_t* h, uint64_t offset) {
       fail(offset, std::string("invalid ") + f.name + " field in tar header at offset " +
                        std::to_string(offset));
 
-  RawHeader r;
   int64_t size = 0;
   IntParse p = nti(h + 124, 12, &size);
   if (p == IntParse::kInvalid)
     fail(offset, "invalid size field in tar header at offset " + std::to_string(offset));
   if (p == IntParse::kOverflow || size < 0 || uint64_t(size) > kMaxMemberSize)
     fail(offset, "member size out of range in tar header at offset " + std::to_string(offset));
-  r.size = uint64_t(size);
-  r.type = char(h[156]);
-  r.name = nts(h, 100);
-  r.prefix = nts(h + 345, 155);
-  return r;
+  r->size = uint64_t(size);
+  r->type = char(h[156]);
+  r->name = nts(h, 100);
+  r->prefix = nts(h + 345, 155);
+  return true;
 }
 
 // Calls fn(keyword, value) for each "LEN keyword=value\n" record of pax header data, where
-// LEN counts the whole record. Like tarfile, parsing stops quietly where the text no longer
-// starts like a record ("digits space keyword="); unlike tarfile, a record whose length
-// disagrees with its text is an error rather than silently misread.
+// LEN counts the whole record. `buf` holds the data with its padding (tarfile matches records
+// over the padded blocks), `size` the data proper. Like tarfile, parsing stops quietly where
+// the text no longer starts like a record ("digits space keyword="); unlike tarfile, a record
+// whose length disagrees with its text or runs past `size` is an error, not silently misread.
 template <class Fn>
-void parse_pax_records(std::string_view buf, uint64_t offset, Fn&& fn) {
+void parse_pax_records(std::string_view buf, size_t size, uint64_t offset, Fn&& fn) {
   size_t pos = 0;
-  while (pos < buf.size()) {
+  while (pos < size) {
     size_t i = pos;
     uint64_t len = 0;
     for (; i < buf.size() && buf[i] >= '0' && buf[i] <= '9'; ++i)
@@ -177,7 +192,7 @@ void parse_pax_records(std::string_view buf, uint64_t offset, Fn&& fn) {
     size_t key = i + 1;
     size_t eq = buf.find('=', key);
     if (eq == std::string_view::npos || eq == key) return;
-    if (len == 0 || len > buf.size() - pos || eq >= pos + len - 1 || buf[pos + len - 1] != '\n')
+    if (len == 0 || len > size - pos || eq >= pos + len - 1 || buf[pos + len - 1] != '\n')
       fail(offset, "malformed pax header record in header at offset " + std::to_string(offset));
     fn(buf.substr(key, eq - key), buf.substr(eq + 1, pos + len - 1 - (eq + 1)));
     pos += len;

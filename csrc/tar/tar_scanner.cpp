@@ -193,7 +193,7 @@ void TarScanner::State::end() {
   if (phase == Phase::kEnd) return;
   const std::string at = " (shard ends at offset " + std::to_string(pos) + ")";
   if (phase == Phase::kHeader && header_fill > 0) {
-    emit_open();  // complete, as above: only the next header is cut short
+    if (!pending.active) emit_open();  // complete, as in on_header: only the next header is cut
     fail(pos, "truncated tar header at offset " + std::to_string(pos - header_fill) + ": " +
                   std::to_string(header_fill) + " of 512 bytes");
   }
@@ -267,16 +267,18 @@ const uint8_t* TarScanner::State::take_skip(const uint8_t* p, const uint8_t* end
 }
 
 void TarScanner::State::on_header(const uint8_t* h, uint64_t offset) {
-  if (tar::is_zero_block(h)) return on_end_block(offset);
   tar::RawHeader raw;
+  bool is_header = false;
   try {
-    raw = tar::parse_header(h, offset);
+    is_header = tar::parse_header(h, offset, &raw);
   } catch (const FormatError&) {
     // Every member of the open sample is complete: deliver it before the error, as webdataset
-    // does (tarfile ends the archive at a bad header and the open sample is flushed).
-    emit_open();
+    // does (tarfile ends the archive at a bad header and the open sample is flushed). Not after
+    // an extended header: tarfile raises there, and webdataset loses the open sample.
+    if (!pending.active) emit_open();
     throw;
   }
+  if (!is_header) return on_end_block(offset);
   switch (raw.type) {
     case 'L': case 'K': case 'x': case 'X': case 'g':
       return begin_extended(raw, offset);
@@ -311,8 +313,8 @@ void TarScanner::State::begin_extended(const tar::RawHeader& h, uint64_t offset)
   }
   ext_type = h.type;
   ext_offset = offset;
-  // tarfile takes the 'L' name with nts() over the padded blocks; 'K' (long link) is unused.
-  ext_need = h.type == 'L' ? tar::padded(h.size) : h.type == 'K' ? 0 : h.size;
+  // tarfile reads 'L' and pax data with their padding blocks; 'K' (long link) is unused.
+  ext_need = h.type == 'K' ? 0 : tar::padded(h.size);
   ext_data.clear();
   size = h.size;
   data_end = pos + h.size;
@@ -338,7 +340,7 @@ void TarScanner::State::finish_extended() {
 void TarScanner::State::apply_pax(bool global) {
   std::string_view path, size_text;
   bool has_path = false, has_size = false;
-  tar::parse_pax_records(ext_data, ext_offset, [&](std::string_view keyword, std::string_view value) {
+  tar::parse_pax_records(ext_data, size, ext_offset, [&](std::string_view keyword, std::string_view value) {
     if (keyword == "path") {
       has_path = true;
       path = value;

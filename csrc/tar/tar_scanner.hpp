@@ -8,9 +8,9 @@
 // one sample is an error). Samples never span shards.
 //
 // Memory: member data lying wholly inside one fed piece is referenced in place (no copy); data
-// that spans pieces, or belongs to a sample still open when feed() returns, is copied into
-// buffers the scanner owns. So everything in samples() stays valid until clear_samples() or
-// begin_shard(), even after the fed piece's memory is reused.
+// that spans pieces, or belongs to the sample still open when feed() returns, is copied into
+// buffers the scanner owns. So samples() emitted by a feed() may point into that piece: the
+// caller consumes them (clear_samples) before the piece's memory is reused or freed.
 #pragma once
 
 #include <cstdint>

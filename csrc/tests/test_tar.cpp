@@ -556,6 +556,18 @@ TEST_CASE("bad checksums raise, at any offset") {
   CHECK(b.samples.size() == 1 && b.samples[0].key == "a");
 }
 
+TEST_CASE("a bad header after an extended header loses the open sample, as in webdataset") {
+  // tarfile raises (SubsequentHeaderError) instead of ending the archive quietly.
+  HeaderOpts bad;
+  bad.checksum_delta = 5;
+  Got a = scan_all(member("a.txt", "1") + gnu_long("x.y") + member("b.txt", "1", bad) + kEnd);
+  CHECK(has_error(a, "invalid tar header checksum at offset 2048"));
+  CHECK(a.samples.empty());
+  Got b = scan_all((member("a.txt", "1") + gnu_long("x.y") + member("b.txt", "1")).substr(0, 2148));
+  CHECK(has_error(b, "truncated tar header at offset 2048"));
+  CHECK(b.samples.empty());
+}
+
 TEST_CASE("malformed number fields raise") {
   HeaderOpts o;
   o.size_field = "99\0         ";
@@ -646,6 +658,9 @@ TEST_CASE("malformed pax headers raise") {
   CHECK(has_error(b, "malformed pax header record"));
   Got c = scan_all(member("p", "18 path=foo.bar\nzz", x) + member("a.txt", "1") + kEnd);
   CHECK(has_error(c, "malformed pax header record"));
+  // The size field says 2, the record (read by tarfile over the padding) says 18.
+  Got c2 = scan_all(header("p", 2, x) + pad("18 path=foo.bar\n") + member("a.txt", "1") + kEnd);
+  CHECK(has_error(c2, "malformed pax header record"));
   Got d = scan_all(pax({{"size", "12x"}}) + member("a.txt", "1") + kEnd);
   CHECK(has_error(d, "invalid size record"));
   Got e = scan_all(pax({{"size", "5"}}, 'g') + member("a.txt", "1") + kEnd);
