@@ -6,8 +6,6 @@ import io
 import json
 import os
 import platform
-import shutil
-import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 import flashstream
+from flashstream.telemetry.fio import fio_version, run_fio
 
 
 def environment(data_dir: Path) -> Dict[str, object]:
@@ -32,7 +31,7 @@ def environment(data_dir: Path) -> Dict[str, object]:
         "data_dir": str(data_dir),
         "device": dev,
         "engine": flashstream.engine_name(flashstream.settings.current().engine),
-        "fio": _fio_version(),
+        "fio": fio_version(),
     }
     for name in ("queue/logical_block_size", "queue/max_sectors_kb", "queue/scheduler"):
         for base in (sys_block, sys_block / ".."):
@@ -99,35 +98,9 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 # -- fio ----------------------------------------------------------------------------------------
-def _fio_version() -> Optional[str]:
-    fio = shutil.which("fio")
-    if fio is None:
-        return None
-    return subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip()
-
-
-def fio_sequential_read(files: Sequence[Path], *, bs: str = "1M", iodepth: int = 32,
-                        engine: Optional[str] = None) -> Optional[Dict[str, float]]:
-    """fio reading ``files`` one after another (--direct=1 --rw=read); None without fio."""
-    fio = shutil.which("fio")
-    if fio is None:
-        return None
-    if engine is None:
-        engine = "io_uring" if flashstream.uring_available() else "libaio"
-    names = ":".join(str(f).replace(":", "\\:") for f in files)
-    cmd = [fio, "--name=seqread", f"--filename={names}", "--rw=read", f"--bs={bs}",
-           f"--iodepth={iodepth}", "--direct=1", f"--ioengine={engine}",
-           "--file_service_type=sequential", "--output-format=json"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"fio failed: {result.stderr.strip()}")
-    job = json.loads(result.stdout)["jobs"][0]["read"]
-    # fio's runtime is in whole milliseconds; its bandwidth is exact, so derive time from it.
-    # A run too short for fio to time (tiny test data) reports 0 bandwidth: no figure then.
-    if not job["bw_bytes"]:
-        return None
-    return {"seconds": job["io_bytes"] / job["bw_bytes"], "bytes": float(job["io_bytes"]),
-            "gbps": job["bw_bytes"] / 1e9, "command": " ".join(cmd)}
+def fio_sequential_read(files: Sequence[Path]) -> Optional[Dict[str, float]]:
+    """fio --direct=1 --rw=read --bs=1M --iodepth=32 over the files, one after another."""
+    return run_fio(files, rw="read", bs="1M", iodepth=32)
 
 
 # -- output -------------------------------------------------------------------------------------

@@ -9,13 +9,17 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "io/engine.hpp"
 #include "io/sequential_reader.hpp"
+#include "probe/probe.hpp"
 #include "tar/tar_scanner.hpp"
+#include "telemetry/histogram.hpp"
 
 namespace nb = nanobind;
 using namespace flashstream;
@@ -63,6 +67,19 @@ class BufferView {
 };
 
 using ByteView = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using U64Array = nb::ndarray<nb::numpy, uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A numpy array owning a copy of `n` values: independent of the C++ object they came from.
+U64Array copy_to_numpy(const uint64_t* src, size_t n) {
+  std::unique_ptr<uint64_t[]> copy(new uint64_t[n ? n : 1]);
+  std::memcpy(copy.get(), src, n * sizeof(uint64_t));
+  nb::capsule owner(copy.get(), [](void* p) noexcept { delete[] static_cast<uint64_t*>(p); });
+  return U64Array(copy.release(), {n}, owner);
+}
+
+U64Array latency_counts(const LatencyHistogram& h) {
+  return copy_to_numpy(h.counts(), LatencyHistogram::kBuckets);
+}
 
 class PyReader {
  public:
@@ -124,8 +141,15 @@ class PyReader {
     d["short_reads"] = s.short_reads;
     d["direct_files"] = s.direct_files;
     d["buffered_files"] = s.buffered_files;
+    d["wait_ns"] = s.wait_ns;
+    d["latency_count"] = s.latency.count();
+    d["latency_sum_ns"] = s.latency.sum();
+    d["latency_min_ns"] = s.latency.min();
+    d["latency_max_ns"] = s.latency.max();
     return d;
   }
+
+  U64Array latency_counts() { return ::latency_counts(live().stats().latency); }
 
  private:
   SequentialReader& live() {
@@ -245,6 +269,56 @@ nb::object split_key_py(nb::bytes name) {
   return nb::make_tuple(nb::bytes(key.data(), key.size()), nb::bytes(ext.data(), ext.size()));
 }
 
+// Lower bound (ns) of every latency histogram bucket; bucket i is [b[i], b[i+1]), and the last
+// has the width of the one before it.
+U64Array histogram_bounds() {
+  std::vector<uint64_t> bounds(LatencyHistogram::kBuckets);
+  for (size_t i = 0; i < bounds.size(); ++i) bounds[i] = LatencyHistogram::bucket_lower(i);
+  return copy_to_numpy(bounds.data(), bounds.size());
+}
+
+nb::dict run_probe_py(const std::string& path, const std::string& op, const std::string& pattern,
+                      size_t block_size, unsigned queue_depth, uint64_t bytes, double duration,
+                      const std::string& engine, bool direct, uint64_t seed, double interval) {
+  ProbeSpec spec;
+  spec.path = path;
+  spec.op = parse_probe_op(op);  // std::invalid_argument -> ValueError
+  spec.pattern = parse_probe_pattern(pattern);
+  spec.block_size = block_size;
+  spec.queue_depth = queue_depth;
+  spec.bytes = bytes;
+  spec.duration = duration;
+  spec.engine = engine;
+  spec.direct = direct;
+  spec.seed = seed;
+  spec.interval = interval;
+  ProbeResult r;
+  {
+    nb::gil_scoped_release release;
+    r = run_probe(spec);
+  }
+  nb::list timeline;
+  for (const TimelinePoint& p : r.timeline) timeline.append(nb::make_tuple(p.seconds, p.bytes));
+  nb::dict d;
+  d["bytes"] = r.bytes;
+  d["seconds"] = r.seconds;
+  d["sync_seconds"] = r.sync_seconds;
+  d["requests"] = r.requests;
+  d["direct"] = r.direct;
+  d["engine"] = r.engine;
+  d["counts"] = latency_counts(r.latency);
+  d["min_ns"] = r.latency.min();
+  d["max_ns"] = r.latency.max();
+  d["sum_ns"] = r.latency.sum();
+  d["timeline"] = timeline;
+  return d;
+}
+
+void create_probe_file_py(const std::string& path, uint64_t size) {
+  nb::gil_scoped_release release;
+  create_probe_file(path, size);
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -272,7 +346,22 @@ NB_MODULE(_core, m) {
       .def("skip_extent", &PyReader::skip_extent)
       .def("close", &PyReader::close)
       .def_prop_ro("engine", &PyReader::engine)
-      .def("stats", &PyReader::stats);
+      .def("stats", &PyReader::stats)
+      .def("latency_counts", &PyReader::latency_counts,
+           "Copy of the per-request latency histogram counts (see histogram_bounds()).");
+
+  m.def("histogram_bounds", &histogram_bounds,
+        "Lower bound in ns of each latency histogram bucket (uint64 array, one per count).");
+  m.def("run_probe", &run_probe_py, nb::arg("path"), nb::arg("op") = "read",
+        nb::arg("pattern") = "sequential", nb::arg("block_size") = size_t(1) << 20,
+        nb::arg("queue_depth") = 32u, nb::arg("bytes") = uint64_t(0), nb::arg("duration") = 0.0,
+        nb::arg("engine") = "auto", nb::arg("direct") = true, nb::arg("seed") = uint64_t(0),
+        nb::arg("interval") = 0.0,
+        "Measure the device like fio: queue_depth requests of block_size in flight on an "
+        "existing file. Returns a dict (bytes, seconds, sync_seconds, requests, direct, engine, "
+        "counts, min_ns, max_ns, sum_ns, timeline).");
+  m.def("create_probe_file", &create_probe_file_py, nb::arg("path"), nb::arg("size"),
+        "Create or resize a preallocated file of random data for run_probe.");
 
   nb::class_<PyScanner>(m, "Scanner")
       .def(nb::init<>())

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import mmap
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Deque, Iterator, List, Optional, Tuple
 
@@ -86,7 +87,8 @@ class PythonReader:
         self._skip_below = -1  # steps of extents <= this are dropped
         self._files: List[_File] = []
         self._stats = {"bytes_read": 0, "requests": 0, "short_reads": 0, "direct_files": 0,
-                       "buffered_files": 0}
+                       "buffered_files": 0, "wait_ns": 0}
+        self._latencies: List[int] = []  # per-request ns, binned when asked for
         self._fill()
 
     # -- planning -------------------------------------------------------------------------
@@ -125,6 +127,7 @@ class PythonReader:
     # -- I/O (worker threads) ---------------------------------------------------------------
     def _read(self, step: _Step, buffer: mmap.mmap) -> int:
         view = memoryview(buffer)
+        started = time.perf_counter_ns()
         done = 0
         want = step.hi - step.offset
         while done < want:
@@ -149,6 +152,7 @@ class PythonReader:
                 self._stats["short_reads"] += 1
             done += got
             self._stats["bytes_read"] += got
+        self._latencies.append(time.perf_counter_ns() - started)
         return done
 
     # -- the reader contract ------------------------------------------------------------------
@@ -167,7 +171,9 @@ class PythonReader:
             if future is None:
                 return (step.extent, step.offset, memoryview(b""), True, True)
             try:
+                waited = time.perf_counter_ns()
                 got = future.result()
+                self._stats["wait_ns"] += time.perf_counter_ns() - waited
             except BaseException:
                 self._free.append(buffer)
                 raise
@@ -202,7 +208,19 @@ class PythonReader:
         self._files.clear()
 
     def stats(self) -> dict:
-        return dict(self._stats)
+        out = dict(self._stats)
+        lat = self._latencies
+        out.update(latency_count=len(lat), latency_sum_ns=sum(lat),
+                   latency_min_ns=min(lat) if lat else 0, latency_max_ns=max(lat) if lat else 0)
+        return out
+
+    def latency_counts(self):
+        """Per-request latencies binned like the C++ core's histogram."""
+        from .telemetry.histogram import LatencyHistogram  # avoids an import cycle
+
+        hist = LatencyHistogram()
+        hist.record_many(self._latencies)
+        return hist.counts
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

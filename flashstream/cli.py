@@ -8,10 +8,13 @@ import sys
 import time
 from typing import List, Optional
 
+from tqdm import tqdm
+
 from . import __version__, settings
 from .engine import engine_name, uring_available
 from .stream import ShardStream
 from .telemetry import device_of, format_device
+from .telemetry.probe import ProbeConfig, probe
 
 __all__ = ["main"]
 
@@ -34,6 +37,17 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_device(args: argparse.Namespace) -> int:
     info = device_of(args.path, health=not args.no_health)
     print(json.dumps(info.to_dict(), indent=2) if args.json else format_device(info))
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Measure the drive behind a directory (cached per device; --refresh measures again)."""
+    config = ProbeConfig(size=args.size, sustained=args.sustained or 0, seconds=args.seconds)
+    with tqdm(desc="probe", bar_format="{desc}: {elapsed} {postfix}",
+              disable=args.json or not sys.stderr.isatty()) as bar:
+        result = probe(args.path, config=config, engine_kind=args.engine, refresh=args.refresh,
+                       progress=lambda step: bar.set_postfix_str(step))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_table())
     return 0
 
 
@@ -84,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     device.add_argument("--no-health", action="store_true", help="skip nvme-cli")
     device.add_argument("--json", action="store_true")
     device.set_defaults(func=cmd_device)
+    prb = sub.add_parser("probe", help="measure the drive: sequential GB/s, random IOPS, latency")
+    prb.add_argument("path", nargs="?", default=".", help="a directory on the drive")
+    prb.add_argument("--size", default="1GiB", help="temporary file size (default 1GiB)")
+    prb.add_argument("--sustained", default=None,
+                     help="also write this much (e.g. 64GiB) and record GB/s over time")
+    prb.add_argument("--seconds", type=float, default=2.0, help="time cap per measurement")
+    prb.add_argument("--engine", choices=("auto", "uring", "threads"), default=None)
+    prb.add_argument("--refresh", action="store_true", help="measure even if cached")
+    prb.add_argument("--json", action="store_true")
+    prb.set_defaults(func=cmd_probe)
     scan = sub.add_parser("scan", help="read shards end to end; report samples, speed, errors")
     scan.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     scan.add_argument("--list", action="store_true", help="print each sample's key and fields")

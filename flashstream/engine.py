@@ -18,9 +18,12 @@ __all__ = [
     "ChunkReader",
     "FormatError",
     "Scanner",
+    "create_probe_file",
     "engine_name",
+    "histogram_bounds",
     "is_meta_name",
     "open_reader",
+    "run_probe",
     "split_key",
     "uring_available",
 ]
@@ -33,6 +36,12 @@ FormatError = _core.FormatError
 Scanner = _core.Scanner
 split_key = _core.split_key
 is_meta_name = _core.is_meta_name
+#: Lower bound (ns) of every bucket of the core's latency histograms.
+histogram_bounds = _core.histogram_bounds
+#: One fio-like measurement on an existing file (see flashstream.telemetry.probe).
+run_probe = _core.run_probe
+#: A file of ``size`` random bytes written with O_DIRECT (space reserved first: ENOSPC early).
+create_probe_file = _core.create_probe_file
 
 Chunk = Tuple[int, int, memoryview, bool, bool]  # extent, offset, data, first, last
 Extent = Tuple[str, int, int]  # path, start, end (TO_END for the whole file)
@@ -47,6 +56,7 @@ class ChunkReader(Protocol):
     def skip_extent(self) -> None: ...
     def close(self) -> None: ...
     def stats(self) -> dict: ...
+    def latency_counts(self): ...
 
 
 def uring_available() -> bool:

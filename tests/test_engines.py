@@ -35,7 +35,12 @@ def read_all(extents, **kw):
             if last:
                 seen_last.add(extent)
         assert seen_first == seen_last == set(range(len(extents)))
-        return [bytes(out[i]) for i in range(len(extents))], reader.stats()
+        stats = reader.stats()
+        # Every completed request's latency is in the histogram, in every engine.
+        assert int(reader.latency_counts().sum()) == stats["latency_count"]
+        assert stats["latency_count"] >= (1 if stats["bytes_read"] else 0)
+        assert stats["wait_ns"] >= 0
+        return [bytes(out[i]) for i in range(len(extents))], stats
     finally:
         reader.close()
 

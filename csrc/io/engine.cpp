@@ -29,16 +29,17 @@ int uring_status() {
 
 bool uring_available() { return uring_status() == 0; }
 
-std::unique_ptr<IoEngine> make_engine(const std::string& kind, unsigned depth) {
+std::unique_ptr<IoEngine> make_engine(const std::string& kind, unsigned depth,
+                                      bool single_thread) {
   if (kind == "threads") return make_thread_engine(depth);
   if (kind == "uring") {
     if (int err = uring_status()) throw_io_error(err, "io_uring_setup", "");
-    return make_uring_engine(depth);
+    return make_uring_engine(depth, single_thread);
   }
   if (kind == "auto") {
     if (uring_available()) {
       try {
-        return make_uring_engine(depth);
+        return make_uring_engine(depth, single_thread);
       } catch (const IoError&) {
         // e.g. RLIMIT_MEMLOCK on kernels before 5.12 for a large ring: threads still work.
       }

@@ -1,5 +1,6 @@
-// Asynchronous read engines behind one interface: io_uring (raw syscalls, no liburing needed)
-// and a pread thread pool. The reader above keeps `depth` requests in flight through this.
+// Asynchronous I/O engines behind one interface: io_uring (raw syscalls, no liburing needed)
+// and a pread/pwrite thread pool. The reader and the device probe keep `depth` requests in
+// flight through this.
 #pragma once
 
 #include <cstddef>
@@ -18,9 +19,14 @@ class IoEngine {
  public:
   virtual ~IoEngine() = default;
   // Queue one read of `len` bytes at `offset` of `fd` into `buf`. Never blocks for I/O; the
-  // caller never has more than depth() requests outstanding. EINTR/EAGAIN are retried inside
-  // the engine and never reach the caller.
+  // caller never has more than depth() requests (reads and writes together) outstanding.
+  // EINTR/EAGAIN are retried inside the engine and never reach the caller.
   virtual void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) = 0;
+  // Queue one write of `len` bytes from `buf` to `offset` of `fd`, under the same rules. A short
+  // count is returned as it is: the caller resubmits the rest. `buf` must stay untouched until
+  // the completion is reaped.
+  virtual void submit_write(int fd, const void* buf, size_t len, uint64_t offset,
+                            uint64_t tag) = 0;
   // Collect up to `max` completions; blocks until at least `min_wait` are available
   // (min_wait <= outstanding). Returns the number written to `out`.
   virtual size_t reap(IoCompletion* out, size_t max, size_t min_wait) = 0;
@@ -31,7 +37,15 @@ class IoEngine {
 // kind: "auto" | "uring" | "threads". "auto" picks io_uring when io_uring_setup succeeds (kernel
 // support, not disabled by sysctl or seccomp), else threads. "uring" throws IoError when
 // io_uring is unavailable; any other kind throws std::invalid_argument.
-std::unique_ptr<IoEngine> make_engine(const std::string& kind, unsigned depth);
+//
+// single_thread is a promise that the thread creating the engine makes every call on it (the
+// device probe, a writer's own thread). io_uring then completes requests without interrupting
+// that thread for each one (COOP_TASKRUN, DEFER_TASKRUN where the kernel has them), as fio does:
+// markedly more IOPS on VMs. A reader that Python may drive from several threads must not
+// promise it: a completion would wait for its submitting thread to enter the kernel, and that
+// thread may be asleep waiting for the other one.
+std::unique_ptr<IoEngine> make_engine(const std::string& kind, unsigned depth,
+                                      bool single_thread = false);
 
 // True when this process can create an io_uring instance (probed once, cached).
 bool uring_available();

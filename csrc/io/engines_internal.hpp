@@ -8,12 +8,12 @@
 namespace flashstream {
 
 // io_uring through raw syscalls. Throws IoError(op="io_uring_setup") when unavailable.
-std::unique_ptr<IoEngine> make_uring_engine(unsigned depth);
+std::unique_ptr<IoEngine> make_uring_engine(unsigned depth, bool single_thread);
 
-// pread on min(depth, 16) worker threads.
+// pread/pwrite on min(depth, 16) worker threads.
 std::unique_ptr<IoEngine> make_thread_engine(unsigned depth);
 
-// Probes io_uring_setup (and IORING_OP_READ support) without caching. Returns 0 when usable,
+// Probes io_uring_setup (and IORING_OP_READ/WRITE support) without caching. Returns 0 when usable,
 // else a positive errno explaining why not.
 int probe_uring();
 

@@ -91,24 +91,38 @@ DioAlignment query_dio_alignment(int fd) {
   return a;
 }
 
-InputFile::InputFile(const std::string& path, bool want_direct) : path_(path) {
-  const int flags = O_RDONLY | O_CLOEXEC;
+int open_maybe_direct(const std::string& path, int flags, bool want_direct, bool* direct,
+                      mode_t mode) {
+  flags |= O_CLOEXEC;
+  *direct = false;
   if (want_direct) {
-    fd_ = ::open(path.c_str(), flags | O_DIRECT);
-    if (fd_ >= 0) direct_ = true;
-    else if (errno != EINVAL) throw_io_error(errno, "open", path);  // EINVAL: no O_DIRECT here
+    int fd = ::open(path.c_str(), flags | O_DIRECT, mode);
+    if (fd >= 0) {
+      *direct = true;
+      return fd;
+    }
+    if (errno != EINVAL) throw_io_error(errno, "open", path);  // EINVAL: no O_DIRECT here
   }
-  if (fd_ < 0) {
-    fd_ = ::open(path.c_str(), flags);
-    if (fd_ < 0) throw_io_error(errno, "open", path);
-  }
+  int fd = ::open(path.c_str(), flags, mode);
+  if (fd < 0) throw_io_error(errno, "open", path);
+  return fd;
+}
+
+uint64_t size_of(int fd, const std::string& path) {
   struct stat st;
-  int err = fstat(fd_, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
-  if (err) {
-    ::close(fd_);
-    throw_io_error(err, err == EISDIR ? "open" : "fstat", path);
+  int err = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
+  if (err) throw_io_error(err, err == EISDIR ? "open" : "fstat", path);
+  return file_size(fd, st);
+}
+
+InputFile::InputFile(const std::string& path, bool want_direct) : path_(path) {
+  fd_ = open_maybe_direct(path, O_RDONLY, want_direct, &direct_);
+  try {
+    size_ = size_of(fd_, path);
+  } catch (...) {
+    ::close(fd_);  // the destructor will not run
+    throw;
   }
-  size_ = file_size(fd_, st);
   if (direct_) align_ = query_dio_alignment(fd_);
 }
 

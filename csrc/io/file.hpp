@@ -1,5 +1,7 @@
-// Opening files for O_DIRECT reads, with a buffered fallback where the filesystem refuses it.
+// Opening files for O_DIRECT I/O, with a buffered fallback where the filesystem refuses it.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -14,6 +16,16 @@ struct DioAlignment {
 // Alignment for O_DIRECT on the file behind `fd`: statx(STATX_DIOALIGN) where the kernel
 // reports it, else the logical block size of the block device behind st_dev (sysfs), else 4096.
 DioAlignment query_dio_alignment(int fd);
+
+// Opens `path` with `flags` (O_CLOEXEC is added). With want_direct, tries O_DIRECT first and
+// retries without it when the filesystem refuses it (EINVAL, e.g. tmpfs before Linux 6.6);
+// `*direct` says which happened. Returns the fd; throws IoError(op="open") naming the path.
+int open_maybe_direct(const std::string& path, int flags, bool want_direct, bool* direct,
+                      mode_t mode = 0644);
+
+// Size of the regular file or block device behind `fd`. Throws IoError naming `path`: EISDIR
+// for a directory, or what fstat reports.
+uint64_t size_of(int fd, const std::string& path);
 
 class InputFile {
  public:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <exception>
 #include <stdexcept>
@@ -22,6 +23,13 @@ namespace {
 
 constexpr size_t kMaxChunk = size_t(1) << 30;  // keeps one request well below the kernel cap
 constexpr size_t kReapBatch = 64;
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t ns_since(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+}
 
 enum class SlotState { kFree, kInFlight, kReady, kHeld };
 
@@ -37,6 +45,7 @@ struct Slot {
   bool direct = false;  // last submitted on an O_DIRECT fd
   bool first = false;   // first request of its extent
   bool eof = false;     // the file ended before the expected end (it shrank)
+  Clock::time_point submitted;  // of the request in flight, for the latency histogram
   std::exception_ptr error;
 };
 
@@ -77,6 +86,7 @@ struct SequentialReader::Impl {
   void close_if_idle(uint32_t k);
 
   void poll(size_t min_wait);
+  void wait_for_data();
   void on_completion(int s, int64_t res) noexcept;
   void on_data(int s, size_t got);
   void on_error(int s, int err);
@@ -194,6 +204,7 @@ void SequentialReader::Impl::issue(uint32_t k, int s) {
 void SequentialReader::Impl::submit(int s) {
   Slot& sl = slots[s];
   ExtentState& x = ext[sl.extent];
+  sl.submitted = Clock::now();  // before: io_uring may issue the read inside the syscall
   engine->submit_read(x.file->fd(), sl.buf.data() + sl.filled, sl.len - sl.filled,
                       sl.offset + sl.filled, static_cast<uint64_t>(s));
   sl.direct = x.file->direct();
@@ -225,6 +236,7 @@ void SequentialReader::Impl::on_completion(int s, int64_t res) noexcept {
   --in_flight;
   --ext[k].in_flight;
   ++stats.requests;
+  stats.latency.record(ns_since(sl.submitted));
   if (res > 0) stats.bytes_read += static_cast<uint64_t>(res);
   if (sl.orphan) {
     sl.orphan = false;
@@ -307,19 +319,11 @@ bool SequentialReader::Impl::next(Chunk& out) {
   release_held();
   poll(0);  // collect finished reads without blocking
   fill();
-  while (queue.empty() && issue_ext < ext.size() && in_flight > 0) {
-    // Only reads of a dropped extent hold the buffers or the depth: wait until they finish.
-    poll(1);
-    fill();
-  }
+  wait_for_data();
   if (queue.empty()) return false;
   const Entry e = queue.front();
   current = e.extent;
   if (e.slot < 0) return deliver_marker(e.extent, out);
-  while (slots[e.slot].state == SlotState::kInFlight) {
-    poll(1);
-    fill();  // completions lower in_flight: a buffer freed above may now be issued
-  }
   if (slots[e.slot].error) std::rethrow_exception(slots[e.slot].error);  // until skip_extent()
   queue.pop_front();
   deliver(e.slot, out);
@@ -329,6 +333,26 @@ bool SequentialReader::Impl::next(Chunk& out) {
     // The chunk is already taken off the queue; the next call's fill() reports the failure.
   }
   return true;
+}
+
+// Blocks until the queue's front is deliverable (or nothing more will come), timing the wait.
+void SequentialReader::Impl::wait_for_data() {
+  // Only reads of a dropped extent hold the buffers or the depth: wait until they finish.
+  auto starved = [&] { return queue.empty() && issue_ext < ext.size() && in_flight > 0; };
+  auto pending = [&] {
+    return !queue.empty() && queue.front().slot >= 0 &&
+           slots[queue.front().slot].state == SlotState::kInFlight;
+  };
+  if (!starved() && !pending()) return;  // reading keeps ahead: no clock call
+  struct Timer {  // adds the wait even when poll() throws
+    uint64_t& total;
+    Clock::time_point start = Clock::now();
+    ~Timer() { total += ns_since(start); }
+  } timer{stats.wait_ns};
+  while (starved() || pending()) {
+    poll(1);
+    fill();  // completions lower in_flight: a buffer freed above may now be issued
+  }
 }
 
 bool SequentialReader::Impl::deliver_marker(uint32_t k, Chunk& out) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/engine.hpp"
+#include "telemetry/histogram.hpp"
 
 namespace flashstream {
 
@@ -44,6 +45,14 @@ struct ReaderStats {
   uint64_t short_reads = 0;     // requests that had to be resubmitted for the remainder
   uint64_t direct_files = 0;    // files opened with O_DIRECT
   uint64_t buffered_files = 0;  // files that fell back to buffered reads
+  // Total time next() spent blocked waiting for data. Small next to the caller's wall time:
+  // the consumer is the bottleneck; large: reading is.
+  uint64_t wait_ns = 0;
+  // Submit -> completion time of every read request (steady clock, ns). Completions are only
+  // seen when next() looks for them, so while the consumer is the bottleneck a request that
+  // finished during its work is counted as finishing when next() was called: the values are
+  // then upper bounds of the device latency.
+  LatencyHistogram latency;
 };
 
 class SequentialReader {

@@ -1,4 +1,4 @@
-// pread thread pool: the fallback engine where io_uring is unavailable.
+// pread/pwrite thread pool: the fallback engine where io_uring is unavailable.
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +18,7 @@ namespace {
 constexpr unsigned kMaxThreads = 16;
 
 struct Request {
+  bool write;
   int fd;
   void* buf;
   size_t len;
@@ -25,10 +26,11 @@ struct Request {
   uint64_t tag;
 };
 
-int64_t read_once(const Request& r) {
+int64_t run_once(const Request& r) {
   for (;;) {
-    ssize_t n = ::pread(r.fd, r.buf, r.len, static_cast<off_t>(r.offset));
-    if (n >= 0) return n;  // short counts go back as they are; the reader handles them
+    const off_t off = static_cast<off_t>(r.offset);
+    ssize_t n = r.write ? ::pwrite(r.fd, r.buf, r.len, off) : ::pread(r.fd, r.buf, r.len, off);
+    if (n >= 0) return n;  // short counts go back as they are; the caller handles them
     if (errno != EINTR && errno != EAGAIN) return -errno;
   }
 }
@@ -52,12 +54,19 @@ class ThreadEngine final : public IoEngine {
  public:
   explicit ThreadEngine(unsigned depth);
   ~ThreadEngine() override { stop(); }
-  void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) override;
+  void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) override {
+    push(Request{false, fd, buf, len, offset, tag});
+  }
+  void submit_write(int fd, const void* buf, size_t len, uint64_t offset, uint64_t tag) override {
+    // pwrite only reads from buf; the cast just fits the shared Request.
+    push(Request{true, fd, const_cast<void*>(buf), len, offset, tag});
+  }
   size_t reap(IoCompletion* out, size_t max, size_t min_wait) override;
   unsigned depth() const noexcept override { return depth_; }
   const char* name() const noexcept override { return "threads"; }
 
  private:
+  void push(const Request& r);
   void work();
   void stop() noexcept;
 
@@ -95,22 +104,22 @@ void ThreadEngine::work() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     has_work_.wait(lock, [this] { return stopping_ || !todo_.empty(); });
-    // Finish queued reads even when stopping: their buffers are still owned by the caller.
+    // Finish queued requests even when stopping: their buffers are still owned by the caller.
     if (todo_.empty()) return;
     Request r = todo_.front();
     todo_.pop_front();
     lock.unlock();
-    int64_t res = read_once(r);
+    int64_t res = run_once(r);
     lock.lock();
     done_.push_back(IoCompletion{r.tag, res});
     has_done_.notify_one();
   }
 }
 
-void ThreadEngine::submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) {
+void ThreadEngine::push(const Request& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    todo_.push_back(Request{fd, buf, len, offset, tag});
+    todo_.push_back(r);
   }
   has_work_.notify_one();
 }

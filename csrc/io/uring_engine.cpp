@@ -1,5 +1,5 @@
-// io_uring engine on raw syscalls (no liburing). One SQE per read; the SQ array is an identity
-// map set up once, so SQEs are filled in ring order.
+// io_uring engine on raw syscalls (no liburing). One SQE per read or write; the SQ array is an
+// identity map set up once, so SQEs are filled in ring order.
 #include <linux/io_uring.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -25,6 +25,20 @@
 #ifndef __NR_io_uring_register
 #define __NR_io_uring_register 427
 #endif
+// Kernel ABI values (5.19 and 6.1) for headers older than the running kernel.
+#ifndef IORING_SETUP_COOP_TASKRUN
+#define IORING_SETUP_COOP_TASKRUN (1U << 8)
+#define IORING_SETUP_TASKRUN_FLAG (1U << 9)
+#endif
+#ifndef IORING_SQ_TASKRUN
+#define IORING_SQ_TASKRUN (1U << 2)
+#endif
+#ifndef IORING_SETUP_SINGLE_ISSUER
+#define IORING_SETUP_SINGLE_ISSUER (1U << 12)
+#endif
+#ifndef IORING_SETUP_DEFER_TASKRUN
+#define IORING_SETUP_DEFER_TASKRUN (1U << 13)
+#endif
 
 namespace flashstream {
 namespace {
@@ -40,13 +54,13 @@ int sys_register(int fd, unsigned op, void* arg, unsigned nr) {
   return static_cast<int>(syscall(__NR_io_uring_register, fd, op, arg, nr));
 }
 
-// Results the kernel may hand back for a read that simply has to be tried again. The cap only
+// Results the kernel may hand back for a request that simply has to be tried again. The cap only
 // guards against a ring that cancels forever (e.g. its creating thread is gone).
 bool retryable(int res) { return res == -EINTR || res == -EAGAIN || res == -ECANCELED; }
 constexpr unsigned kMaxRetries = 1000;
 
-// The kernel caps one read at MAX_RW_COUNT anyway; a shorter count is a legal short read.
-constexpr size_t kMaxReadLen = 0x7ffff000;
+// The kernel caps one read or write at MAX_RW_COUNT anyway; a shorter count is a legal short one.
+constexpr size_t kMaxIoLen = 0x7ffff000;
 
 struct Fd {
   int fd = -1;
@@ -73,14 +87,21 @@ void nap() {
 
 class UringEngine final : public IoEngine {
  public:
-  explicit UringEngine(unsigned depth);
-  void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) override;
+  UringEngine(unsigned depth, bool single_thread);
+  void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) override {
+    submit(IORING_OP_READ, fd, buf, len, offset, tag);
+  }
+  void submit_write(int fd, const void* buf, size_t len, uint64_t offset, uint64_t tag) override {
+    // The kernel only reads from buf for a write; the cast just fits the shared Request.
+    submit(IORING_OP_WRITE, fd, const_cast<void*>(buf), len, offset, tag);
+  }
   size_t reap(IoCompletion* out, size_t max, size_t min_wait) override;
   unsigned depth() const noexcept override { return depth_; }
   const char* name() const noexcept override { return "uring"; }
 
  private:
   struct Request {
+    uint8_t opcode;  // IORING_OP_READ or IORING_OP_WRITE
     int fd;
     void* buf;
     size_t len;
@@ -89,9 +110,13 @@ class UringEngine final : public IoEngine {
     unsigned retries;
   };
 
+  void submit(uint8_t opcode, int fd, void* buf, size_t len, uint64_t offset, uint64_t tag);
   void push_sqe(uint32_t idx);
   unsigned unsubmitted() const { return sq_tail_local_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE); }
   void enter(unsigned min_complete, unsigned flags);
+  bool task_work_pending() const {
+    return sq_flags_ && (__atomic_load_n(sq_flags_, __ATOMIC_RELAXED) & IORING_SQ_TASKRUN);
+  }
   void try_flush() noexcept;
   size_t drain_cq(IoCompletion* out, size_t max);
 
@@ -101,6 +126,7 @@ class UringEngine final : public IoEngine {
   Mapping sq_map_, cq_map_, sqe_map_;
   unsigned* sq_head_ = nullptr;
   unsigned* sq_tail_ = nullptr;
+  unsigned* sq_flags_ = nullptr;  // set only with IORING_SETUP_TASKRUN_FLAG
   unsigned sq_mask_ = 0, sq_entries_ = 0;
   unsigned sq_tail_local_ = 0;
   io_uring_sqe* sqes_ = nullptr;
@@ -112,12 +138,23 @@ class UringEngine final : public IoEngine {
   std::vector<uint32_t> free_;
 };
 
-UringEngine::UringEngine(unsigned depth)
+UringEngine::UringEngine(unsigned depth, bool single_thread)
     : depth_(std::clamp(depth, 1u, kMaxEngineDepth)) {
+  // Newest flag set first; a kernel that lacks a flag says EINVAL, then the next set is tried.
+  // TASKRUN_FLAG marks deferred completions in the SQ flags, so a non-blocking reap still
+  // finds them (see reap()).
+  constexpr unsigned kCoop = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;      // 5.19
+  constexpr unsigned kDefer = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;  // 6.1
+  std::vector<unsigned> tries;
+  if (single_thread) tries = {IORING_SETUP_CLAMP | kCoop | kDefer, IORING_SETUP_CLAMP | kCoop};
+  tries.push_back(IORING_SETUP_CLAMP);
   io_uring_params p;
-  std::memset(&p, 0, sizeof p);
-  p.flags = IORING_SETUP_CLAMP;
-  ring_.fd = sys_setup(depth_, &p);
+  for (unsigned flags : tries) {
+    std::memset(&p, 0, sizeof p);
+    p.flags = flags;
+    ring_.fd = sys_setup(depth_, &p);
+    if (ring_.fd >= 0 || errno != EINVAL) break;
+  }
   if (ring_.fd < 0) throw_io_error(errno, "io_uring_setup", "");
   if (p.sq_entries < depth_) depth_ = p.sq_entries;  // clamped by the kernel
 
@@ -134,6 +171,7 @@ UringEngine::UringEngine(unsigned depth)
   sq_tail_ = sq_map_.at<unsigned>(p.sq_off.tail);
   sq_mask_ = *sq_map_.at<unsigned>(p.sq_off.ring_mask);
   sq_entries_ = p.sq_entries;
+  if (p.flags & IORING_SETUP_TASKRUN_FLAG) sq_flags_ = sq_map_.at<unsigned>(p.sq_off.flags);
   sq_tail_local_ = *sq_tail_;
   unsigned* array = sq_map_.at<unsigned>(p.sq_off.array);
   for (unsigned i = 0; i < sq_entries_; ++i) array[i] = i;
@@ -154,7 +192,7 @@ void UringEngine::push_sqe(uint32_t idx) {
   const Request& r = reqs_[idx];
   io_uring_sqe* sqe = &sqes_[sq_tail_local_ & sq_mask_];
   std::memset(sqe, 0, sizeof *sqe);
-  sqe->opcode = IORING_OP_READ;
+  sqe->opcode = r.opcode;
   sqe->fd = r.fd;
   sqe->addr = reinterpret_cast<uintptr_t>(r.buf);
   sqe->len = static_cast<uint32_t>(r.len);
@@ -196,16 +234,17 @@ void UringEngine::try_flush() noexcept {
   }
 }
 
-void UringEngine::submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) {
-  if (free_.empty()) throw std::logic_error("io_uring engine: more reads than depth");
+void UringEngine::submit(uint8_t opcode, int fd, void* buf, size_t len, uint64_t offset,
+                         uint64_t tag) {
+  if (free_.empty()) throw std::logic_error("io_uring engine: more requests than depth");
   uint32_t idx = free_.back();
-  reqs_[idx] = Request{fd, buf, std::min(len, kMaxReadLen), offset, tag, 0};
+  reqs_[idx] = Request{opcode, fd, buf, std::min(len, kMaxIoLen), offset, tag, 0};
   push_sqe(idx);
   free_.pop_back();
   try {
     enter(0, 0);
   } catch (...) {
-    // Withdraw the SQE if the kernel did not take it, so the caller may treat the read as
+    // Withdraw the SQE if the kernel did not take it, so the caller may treat the request as
     // never queued (it is the newest, and nothing else consumes the SQ between enters).
     if (unsubmitted() == 0) return;  // taken: it will complete normally
     --sq_tail_local_;
@@ -242,6 +281,12 @@ size_t UringEngine::drain_cq(IoCompletion* out, size_t max) {
 
 size_t UringEngine::reap(IoCompletion* out, size_t max, size_t min_wait) {
   size_t n = drain_cq(out, max);
+  if (n == 0 && min_wait == 0 && max > 0 && task_work_pending()) {
+    // A poll, and completions wait in the kernel for us to enter it: post them, without
+    // waiting for more. (A blocking reap enters the kernel below anyway.)
+    enter(0, IORING_ENTER_GETEVENTS);
+    n = drain_cq(out, max);
+  }
   while (n < min_wait && n < max) {
     try {
       enter(static_cast<unsigned>(min_wait - n), IORING_ENTER_GETEVENTS);
@@ -256,8 +301,8 @@ size_t UringEngine::reap(IoCompletion* out, size_t max, size_t min_wait) {
 
 }  // namespace
 
-std::unique_ptr<IoEngine> make_uring_engine(unsigned depth) {
-  return std::make_unique<UringEngine>(depth);
+std::unique_ptr<IoEngine> make_uring_engine(unsigned depth, bool single_thread) {
+  return std::make_unique<UringEngine>(depth, single_thread);
 }
 
 int probe_uring() {
@@ -266,13 +311,13 @@ int probe_uring() {
   Fd ring;
   ring.fd = sys_setup(2, &p);
   if (ring.fd < 0) return errno;
-  // IORING_OP_READ arrived with Linux 5.6, together with the probe itself.
+  // IORING_OP_READ and IORING_OP_WRITE arrived with Linux 5.6, together with the probe itself.
   constexpr unsigned kOps = 256;
   std::vector<char> mem(sizeof(io_uring_probe) + kOps * sizeof(io_uring_probe_op), 0);
   auto* probe = reinterpret_cast<io_uring_probe*>(mem.data());
   if (sys_register(ring.fd, IORING_REGISTER_PROBE, probe, kOps) < 0) return errno;
-  if (probe->last_op < IORING_OP_READ || !(probe->ops[IORING_OP_READ].flags & IO_URING_OP_SUPPORTED))
-    return EOPNOTSUPP;
+  for (unsigned op : {unsigned(IORING_OP_READ), unsigned(IORING_OP_WRITE)})
+    if (probe->last_op < op || !(probe->ops[op].flags & IO_URING_OP_SUPPORTED)) return EOPNOTSUPP;
   return 0;
 }
 

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -497,6 +498,31 @@ TEST_CASE("reader: destroyed with reads in flight") {
     Chunk c;
     CHECK(r.next(c) && c.size == 4096);
   }
+}
+
+// wait_ns tells a slow consumer (little waiting) from a slow drive (next() mostly blocked).
+TEST_CASE("reader: latency histogram per request and time spent waiting") {
+  Files fs;
+  std::vector<Extent> ex = {{fs.paths.back()}, {fs.paths[3]}};
+  using clk = std::chrono::steady_clock;
+  for (const auto& kind : engines())
+    for (bool slow : {false, true}) {
+      SequentialReader r(ex, opts(kind, slow ? 64 * 1024 : 4096, slow ? 8 : 1));
+      const auto t0 = clk::now();
+      Chunk c;
+      while (r.next(c))
+        if (slow) usleep(3000);
+      const uint64_t wall =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
+      const ReaderStats& s = r.stats();
+      CHECK(s.latency.count() == s.requests && s.requests > 0);
+      CHECK(s.latency.min() > 0 && s.latency.max() < wall);
+      const uint64_t p50 = s.latency.percentile(50);
+      CHECK(p50 >= s.latency.min() && p50 <= s.latency.max());
+      CHECK(s.wait_ns <= wall);
+      if (slow) CHECK(s.wait_ns < wall / 2);  // the consumer, not the reading, took the time
+      else CHECK(s.wait_ns > 0);  // depth 1, 4 KiB: next() outruns every read at least once
+    }
 }
 
 TEST_CASE("reader: randomized extents, chunk sizes, depths and skips") {

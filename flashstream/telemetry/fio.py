@@ -1,0 +1,57 @@
+"""Running fio as the baseline that flashstream's own figures are compared with."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import Dict, Optional, Sequence, Union
+
+from ..engine import uring_available
+
+__all__ = ["fio_available", "fio_version", "run_fio"]
+
+PathLike = Union[str, os.PathLike]
+RW = ("read", "write", "randread", "randwrite")
+
+
+def fio_available() -> bool:
+    return shutil.which("fio") is not None
+
+
+def fio_version() -> Optional[str]:
+    fio = shutil.which("fio")
+    if fio is None:
+        return None
+    return subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip()
+
+
+def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iodepth: int = 32,
+            ioengine: Optional[str] = None, end_fsync: bool = False,
+            timeout: float = 600) -> Optional[Dict[str, object]]:
+    """fio over ``files`` one after another with O_DIRECT; None when fio is not installed or
+    the run was too short for fio to time. Returns seconds, bytes, gbps, iops, the command."""
+    if rw not in RW:
+        raise ValueError(f"rw must be one of {', '.join(RW)}, got {rw!r}")
+    fio = shutil.which("fio")
+    if fio is None:
+        return None
+    if ioengine is None:
+        ioengine = "io_uring" if uring_available() else "libaio"
+    names = ":".join(os.fspath(f).replace(":", "\\:") for f in files)
+    cmd = [fio, "--name=flashstream-baseline", f"--filename={names}", f"--rw={rw}",
+           f"--bs={bs}", f"--iodepth={iodepth}", "--direct=1", f"--ioengine={ioengine}",
+           "--file_service_type=sequential", "--output-format=json"]
+    if end_fsync:
+        cmd.append("--end_fsync=1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"fio failed ({' '.join(cmd)}): {result.stderr.strip()}")
+    job = json.loads(result.stdout)["jobs"][0]["write" if "write" in rw else "read"]
+    # fio's runtime is whole milliseconds; its bandwidth is exact, so time comes from it. A run
+    # too short for fio to time (tiny test data) reports 0 bandwidth: no figure then.
+    if not job["bw_bytes"]:
+        return None
+    return {"seconds": job["io_bytes"] / job["bw_bytes"], "bytes": float(job["io_bytes"]),
+            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"], "command": " ".join(cmd)}

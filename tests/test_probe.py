@@ -1,0 +1,75 @@
+"""The device probe: fields present and consistent, cache, errors, and agreement with fio."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+
+from flashstream import engine
+from flashstream.telemetry.fio import fio_available, run_fio
+from flashstream.telemetry.probe import ProbeConfig, measure, probe
+
+SMALL = dict(size="16MiB", block_sizes=("64KiB", "1MiB"), queue_depths=(1, 8),
+             random_depths=(4,), seconds=0.5, sustained="48MiB", interval=0.02)
+
+
+def test_small_probe_is_consistent_and_cleans_up(tmp_path):
+    data = tmp_path / "drive"
+    data.mkdir()
+    result = probe(data, cache_dir=tmp_path / "cache", **SMALL)
+    assert list(data.iterdir()) == []  # the temp file is gone
+    assert len(result.select("read")) == len(result.select("write")) == 4
+    assert len(result.select("read", "random")) == 1
+    for point in result.points:
+        assert point.bytes > 0 and point.seconds > 0 and point.requests > 0
+        assert point.gbps == pytest.approx(point.bytes / point.seconds / 1e9)
+        assert point.direct  # tmp_path's disk takes O_DIRECT
+        lat = point.latency_us
+        assert lat["count"] == point.requests
+        assert lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"] * 1.01
+    assert result.best("read").gbps == max(p.gbps for p in result.select("read"))
+    sustained = result.sustained
+    assert sustained.bytes == 48 << 20 and len(sustained.timeline) >= 1
+    assert "best sequential read" in result.format_table()
+
+
+def test_probe_results_are_cached_per_device(tmp_path):
+    kw = dict(SMALL, sustained=0, block_sizes=("1MiB",), queue_depths=(4,))
+    first = probe(tmp_path, cache_dir=tmp_path / "c", **kw)
+    again = probe(tmp_path, cache_dir=tmp_path / "c", **kw)
+    assert not first.cached and again.cached
+    assert [p.gbps for p in again.points] == [p.gbps for p in first.points]
+    assert not probe(tmp_path, cache_dir=tmp_path / "c", refresh=True, **kw).cached
+
+
+def test_probe_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="multiples of 512"):
+        ProbeConfig(block_sizes=(1000,))
+    with pytest.raises(ValueError, match="queue depths"):
+        ProbeConfig(queue_depths=(0,))
+    with pytest.raises(NotADirectoryError):
+        probe(tmp_path / "missing")
+    path = tmp_path / "f"
+    engine.create_probe_file(str(path), 1 << 20)
+    with pytest.raises(ValueError, match="read, write"):
+        measure(path, op="append")
+    with pytest.raises(ValueError, match="sequential, random"):
+        measure(path, op="read", pattern="zigzag")
+
+
+@pytest.mark.skipif(not fio_available(), reason="fio is not installed")
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_probe_within_15_percent_of_fio(tmp_path, op):
+    """Same file, same shape (1 MiB x 32, O_DIRECT, whole file). The disk is noisy, so the
+    two alternate and the median of the pairwise ratios is compared."""
+    path = tmp_path / "probe.bin"
+    engine.create_probe_file(str(path), 512 << 20)
+    ratios = []
+    for _ in range(5):
+        ours = measure(path, op=op, block_size="1MiB", queue_depth=32)
+        theirs = run_fio([path], rw=op, bs="1M", iodepth=32, end_fsync=op == "write")
+        ratios.append(ours.gbps / theirs["gbps"])
+    assert abs(statistics.median(ratios) - 1) <= 0.15, ratios
+    os.unlink(path)
