@@ -15,13 +15,24 @@ from .stream import (
     reraise_exception,
     warn_and_continue,
 )
-from .telemetry import DeviceInfo, device_of, format_device
+from .telemetry import (
+    DeviceInfo,
+    EpochMonitor,
+    EpochReport,
+    LatencyHistogram,
+    device_of,
+    format_device,
+)
+from .telemetry.probe import probe
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DeviceInfo",
+    "EpochMonitor",
+    "EpochReport",
     "FlashstreamError",
+    "LatencyHistogram",
     "ReadStats",
     "ShardFormatError",
     "ShardStream",
@@ -30,6 +41,7 @@ __all__ = [
     "format_device",
     "ignore_and_continue",
     "parse_size",
+    "probe",
     "reraise_exception",
     "settings",
     "uring_available",

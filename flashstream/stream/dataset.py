@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, Iterator, Optional, Union
 
 from torch.utils.data import IterableDataset
 
 from ..settings import IOSettings, resolve
 from ..sizes import Size
+from ..telemetry.board import StatsBoard
 from .handlers import Handler, resolve_handler
 from .samples import ReadStats, iter_samples
 from .shuffle import rng_for, shuffle_buffer, shuffled
@@ -90,6 +92,8 @@ class ShardStream(IterableDataset):
         resolve(**self._io)  # validate now, not in a worker process later
         self.epoch = 0
         self.last_stats: Optional[ReadStats] = None
+        # Made here, in the process that builds the stream, so DataLoader workers share it.
+        self.board = StatsBoard()
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shard order and shuffle buffer the next pass uses."""
@@ -112,11 +116,24 @@ class ShardStream(IterableDataset):
         self.last_stats = ReadStats()
         if not mine:
             return iter(())
-        samples = iter_samples(mine, self.io_settings, self.handler, self.last_stats)
+        samples = iter_samples(mine, self.io_settings, self.handler, self.last_stats,
+                               on_end=functools.partial(self._record, world.worker))
         if config.shuffle_buffer > 1:
             rng = rng_for("buffer", config.seed, self.epoch, world.rank, world.worker)
             samples = shuffle_buffer(samples, config.shuffle_buffer, rng)
         return samples
+
+    def _record(self, slot: int, stats: ReadStats) -> None:
+        """When a pass ends (here or in a DataLoader worker), add it to the shared board."""
+        self.board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts)
+
+    def stats(self) -> Dict[str, object]:
+        """Counters and the merged request-latency histogram of the passes since the last
+        ``reset_stats()``, summed over this process and its DataLoader workers."""
+        return self.board.totals()
+
+    def reset_stats(self) -> None:
+        self.board.reset()
 
     def __repr__(self) -> str:
         return (f"ShardStream({len(self.urls)} shards, shuffle_buffer="

@@ -8,7 +8,7 @@ the byte offset for format errors) and go through the handler policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..engine import TO_END, FormatError, Scanner, open_reader
 from ..errors import ShardFormatError
@@ -34,6 +34,16 @@ class ReadStats:
     direct_files: int = 0
     buffered_files: int = 0
     errors: int = 0
+    wait_ns: int = 0  # time the pass spent blocked waiting for reads
+    latency_sum_ns: int = 0
+    latency_min_ns: int = 0
+    latency_max_ns: int = 0
+    latency_counts: Optional[Any] = None  # per-request latency histogram counts (numpy)
+
+    def counters(self) -> Dict[str, int]:
+        """The integer counters, for the stats board."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), int)}
 
     @property
     def direct(self) -> bool:
@@ -88,16 +98,20 @@ class _Pass:
 
     def finish(self) -> None:
         read = self.reader.stats()
-        for name in ("bytes_read", "requests", "short_reads", "direct_files", "buffered_files"):
+        for name in ("bytes_read", "requests", "short_reads", "direct_files", "buffered_files",
+                     "wait_ns", "latency_sum_ns", "latency_min_ns", "latency_max_ns"):
             setattr(self.stats, name, read[name])
+        self.stats.latency_counts = self.reader.latency_counts()
         scanned = self.scanner.stats()
         self.stats.samples, self.stats.members = scanned["samples"], scanned["members"]
         self.reader.close()
 
 
 def iter_samples(urls: Sequence[str], settings: IOSettings, handler: Handler,
-                 stats: Optional[ReadStats] = None) -> Iterator[Dict]:
-    """Yield the samples of ``urls`` in order. ``stats`` is filled in when the pass ends."""
+                 stats: Optional[ReadStats] = None,
+                 on_end: Optional[Callable[[ReadStats], None]] = None) -> Iterator[Dict]:
+    """Yield the samples of ``urls`` in order. ``stats`` is filled in when the pass ends (or
+    stops early), then ``on_end(stats)`` is called."""
     state = _Pass(urls, settings, handler, stats if stats is not None else ReadStats())
     try:
         while True:
@@ -131,3 +145,5 @@ def iter_samples(urls: Sequence[str], settings: IOSettings, handler: Handler,
             yield from samples
     finally:
         state.finish()
+        if on_end is not None:
+            on_end(state.stats)

@@ -1,0 +1,108 @@
+"""A stats board shared by a stream's DataLoader workers and the main process.
+
+Each worker process has one slot in a small file-backed shared mapping (``/dev/shm`` where it
+exists): when a pass ends, the worker adds its counters and its request-latency histogram to its
+slot; the main process sums the slots for the epoch report. The file is made by the process
+that creates the stream and removed when that object is collected; workers (forked or spawned)
+open it by path. No pickling of stats, no extra queues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+import threading
+import weakref
+from typing import Dict, Optional
+
+import numpy as np
+
+from .histogram import LatencyHistogram
+
+__all__ = ["COUNTERS", "StatsBoard"]
+
+#: Counters each slot holds (int64), in this order.
+COUNTERS = ("passes", "shards", "samples", "members", "bytes_read", "requests", "short_reads",
+            "direct_files", "buffered_files", "errors", "wait_ns", "latency_sum_ns",
+            "latency_min_ns", "latency_max_ns")
+MAX_SLOTS = 64  # DataLoader workers per rank; slot = worker id % MAX_SLOTS
+
+
+def _slot_layout():
+    buckets = len(LatencyHistogram().counts)
+    return buckets, (len(COUNTERS) + buckets) * 8
+
+
+class StatsBoard:
+    """Per-worker slots of counters and latency histograms in one shared file."""
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        self._buckets, self._slot_bytes = _slot_layout()
+        self._owner = path is None
+        if path is None:
+            directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+            fd, path = tempfile.mkstemp(prefix="flashstream-stats-", dir=directory)
+            os.ftruncate(fd, self._slot_bytes * MAX_SLOTS)
+            os.close(fd)
+            weakref.finalize(self, _unlink, path)
+        self.path = path
+        self._map: Optional[mmap.mmap] = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> Dict[str, object]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: Dict[str, object]) -> None:
+        self.__init__(state["path"])  # a worker's copy: opens the same file, never removes it
+
+    def _array(self) -> np.ndarray:
+        if self._map is None or self._pid != os.getpid():  # fresh mapping after a fork
+            with open(self.path, "r+b") as f:
+                self._map = mmap.mmap(f.fileno(), self._slot_bytes * MAX_SLOTS)
+            self._pid = os.getpid()
+        return np.frombuffer(self._map, dtype=np.int64).reshape(MAX_SLOTS, -1)
+
+    def add(self, slot: int, counters: Dict[str, int], latency_counts) -> None:
+        """Add one pass's counters and latency counts into ``slot``."""
+        row = self._array()[slot % MAX_SLOTS]
+        n = len(COUNTERS)
+        with self._lock:
+            for i, name in enumerate(COUNTERS):
+                value = int(counters.get(name, 0))
+                if name == "latency_min_ns":
+                    row[i] = value if row[i] == 0 else min(row[i], value or row[i])
+                elif name == "latency_max_ns":
+                    row[i] = max(row[i], value)
+                else:
+                    row[i] += value
+            if latency_counts is not None:
+                row[n:] += np.asarray(latency_counts, dtype=np.uint64).astype(np.int64)
+
+    def reset(self) -> None:
+        self._array()[:] = 0
+
+    def totals(self) -> Dict[str, object]:
+        """Counters summed over slots, plus the merged ``latency`` histogram."""
+        table = self._array()
+        n = len(COUNTERS)
+        used = table[table[:, 0] > 0]
+        out: Dict[str, object] = {name: int(used[:, i].sum()) for i, name in enumerate(COUNTERS)}
+        if len(used):
+            mins = used[:, COUNTERS.index("latency_min_ns")]
+            out["latency_min_ns"] = int(mins[mins > 0].min()) if (mins > 0).any() else 0
+            out["latency_max_ns"] = int(used[:, COUNTERS.index("latency_max_ns")].max())
+        out["workers"] = len(used)
+        hist = LatencyHistogram(used[:, n:].sum(axis=0).astype(np.uint64) if len(used) else None,
+                                min_ns=out["latency_min_ns"] or None,
+                                max_ns=out["latency_max_ns"] or None,
+                                sum_ns=out["latency_sum_ns"])
+        out["latency"] = hist
+        return out
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,72 @@
+"""The epoch report: stats merged over workers, fields present and consistent."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from shardgen import write_shards
+
+from flashstream import ShardStream
+from flashstream.telemetry.probe import probe
+from flashstream.telemetry.report import EpochMonitor
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return [str(p) for p in write_shards(tmp_path / "d", 4, 40, sizes=[20_000, 3000])]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stats_merge_over_workers(shards, workers):
+    stream = ShardStream(shards, chunk_size="64KiB")
+    loader = DataLoader(stream, batch_size=None, num_workers=workers)
+    assert sum(1 for _ in loader) == 160
+    totals = stream.stats()
+    assert totals["samples"] == 160 and totals["shards"] == 4
+    assert totals["workers"] == max(1, workers) and totals["passes"] == max(1, workers)
+    assert totals["latency"].count == totals["requests"] > 0
+    assert totals["bytes_read"] >= sum(os.path.getsize(s) for s in shards)
+    stream.reset_stats()
+    assert stream.stats()["samples"] == 0
+
+
+def test_report_fields_are_consistent(tmp_path, shards):
+    stream = ShardStream(shards, chunk_size="64KiB", queue_depth=4)
+    result = probe(tmp_path, cache_dir=tmp_path / "cache", size="8MiB",
+                   block_sizes=("64KiB", "1MiB"), queue_depths=(1, 4), random_depths=(4,),
+                   seconds=0.3)
+    monitor = EpochMonitor(stream, probe=result, sample_interval=0.01)
+    loader = DataLoader(stream, batch_size=16, num_workers=2, collate_fn=len)
+    assert sum(monitor.track(loader)) == 160
+    report = monitor.report()
+    assert report.samples == 160 and report.batches == 10 and report.workers == 2
+    assert report.gbps == pytest.approx(report.bytes_read / report.wall_seconds / 1e9)
+    assert report.samples_per_s == pytest.approx(160 / report.wall_seconds)
+    assert report.batch_wait.count == 10
+    assert 0 <= report.wait_share <= 1.0
+    assert report.direct and report.engine in ("uring", "threads")
+    shape = report.probe_same_shape
+    assert (shape.block_size, shape.queue_depth) == (64 << 10, 4)
+    assert report.gbps_vs_probe == pytest.approx(report.gbps / result.best("read").gbps)
+    data = report.to_dict()
+    for key in ("wall_seconds", "samples", "bytes_read", "gbps", "request_latency_us",
+                "batch_wait_ms", "wait_share", "engine", "direct", "disk", "probe"):
+        assert key in data
+    assert data["request_latency_us"]["count"] == report.request_latency.count
+    assert "request latency" in report.format_table()
+    text = report.to_prometheus()
+    assert 'flashstream_epoch_request_latency_seconds{quantile="0.95"}' in text
+    assert "flashstream_epoch_samples 160" in text
+
+
+def test_monitor_without_probe_or_loader(shards):
+    stream = ShardStream(shards)
+    monitor = EpochMonitor(stream, device="no-such-disk")
+    assert sum(1 for _ in monitor.track(stream)) == 160
+    report = monitor.report()
+    assert report.disk is None and report.gbps_vs_probe is None and report.p95_vs_probe is None
+    assert report.batches == 160
