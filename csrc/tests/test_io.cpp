@@ -25,6 +25,7 @@
 #include "io/file.hpp"
 #include "io/sequential_reader.hpp"
 #include "tests/check.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace flashstream;
 using Bytes = std::vector<uint8_t>;
@@ -52,19 +53,7 @@ namespace {
 constexpr size_t kMiB = 1 << 20;
 const size_t kSizes[] = {0, 1, 511, 512, 513, 4095, 4096, 4097, 3 * kMiB + 17};
 
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& base = "/tmp") {
-    std::string tmpl = base + "/flashstream-test-XXXXXX";
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed under " + base);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using fstest::TempDir;
 
 Bytes make_data(size_t n, uint32_t seed) {
   Bytes v(n);

@@ -20,6 +20,7 @@
 #include "io/engine.hpp"
 #include "probe/probe.hpp"
 #include "tests/check.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace flashstream;
 using Bytes = std::vector<uint8_t>;
@@ -28,19 +29,7 @@ namespace {
 
 constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
 
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& base = "/tmp") {
-    std::string tmpl = base + "/flashstream-probe-XXXXXX";
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed under " + base);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using fstest::TempDir;
 
 std::vector<std::string> engines() {
   std::vector<std::string> v{"threads"};
