@@ -9,10 +9,13 @@ p95 against the probe's p95 at the same request size and depth).
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import math
 import time
 from typing import Dict, Iterable, Iterator, List, Optional, TypeVar
+
+import numpy as np
 
 from ..sizes import format_size
 from .device import device_of
@@ -190,21 +193,32 @@ class EpochMonitor:
         self.batch_wait = LatencyHistogram()
         self.batches = 0
         self._sampler = DiskSampler(self.device, self.sample_interval).start()
+        # Waits are appended raw and binned in bulk: per-item cost stays ~0.1 us, which matters
+        # when "batches" are single samples at hundreds of thousands per second.
+        waits = array.array("q")
+        clock = time.perf_counter_ns
         start = time.perf_counter()
         iterator = iter(batches)
         try:
             while True:
-                asked = time.perf_counter_ns()
+                asked = clock()
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     return
-                self.batch_wait.record(time.perf_counter_ns() - asked)
-                self.batches += 1
+                waits.append(clock() - asked)
+                if len(waits) >= 1 << 16:
+                    self._flush(waits)
                 yield batch
         finally:
             self._wall = time.perf_counter() - start
+            self._flush(waits)
             self._disk = self._sampler.stop()
+
+    def _flush(self, waits: array.array) -> None:
+        self.batch_wait.record_many(np.frombuffer(waits, dtype=np.int64))
+        self.batches += len(waits)
+        del waits[:]
 
     @property
     def disk_timeline(self):
