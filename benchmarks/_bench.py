@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: environment header, synthetic shards, fio, tables, JSON."""
+"""Shared pieces of the benchmarks: environment header, synthetic shards, fio, the device probe,
+DataLoader collates, tables, JSON."""
 
 from __future__ import annotations
 
@@ -6,15 +7,20 @@ import io
 import json
 import os
 import platform
+import statistics
+import sys
 import tarfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 import flashstream
+from flashstream.sizes import format_size
 from flashstream.telemetry.fio import fio_version, run_fio
+from flashstream.telemetry.probe import ProbeResult, probe
 
 
 def environment(data_dir: Path) -> Dict[str, object]:
@@ -30,6 +36,7 @@ def environment(data_dir: Path) -> Dict[str, object]:
         "cpus": os.cpu_count(),
         "data_dir": str(data_dir),
         "device": dev,
+        **_device_names(data_dir),
         "engine": flashstream.engine_name(flashstream.settings.current().engine),
         "fio": fio_version(),
     }
@@ -45,6 +52,15 @@ def environment(data_dir: Path) -> Dict[str, object]:
     except (ImportError, AttributeError):
         info["webdataset"] = None
     return info
+
+
+def _device_names(data_dir: Path) -> Dict[str, Optional[str]]:
+    """The block device's name (as /proc/diskstats lists it) and model, for the header."""
+    try:
+        dev = flashstream.device_of(data_dir, health=False)
+    except OSError:
+        return {"device_name": None, "device_model": None}
+    return {"device_name": dev.name, "device_model": dev.model or dev.transport}
 
 
 def print_header(info: Dict[str, object]) -> None:
@@ -101,6 +117,76 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def fio_sequential_read(files: Sequence[Path]) -> Optional[Dict[str, float]]:
     """fio --direct=1 --rw=read --bs=1M --iodepth=32 over the files, one after another."""
     return run_fio(files, rw="read", bs="1M", iodepth=32)
+
+
+# -- device probe -------------------------------------------------------------------------------
+def run_probe(directory: Path, size: str) -> Optional[ProbeResult]:
+    """The drive's own figures (cached per device and size); None, with a note, if it fails."""
+    with tqdm(desc="device probe", unit="test", leave=False, disable=None) as bar:
+        def progress(message: str) -> None:
+            bar.set_postfix_str(message)
+            bar.update(1)
+
+        try:
+            return probe(directory, size=size, progress=progress)
+        except (OSError, ValueError) as e:  # no C++ engine, a full disk, a size it refuses
+            print(f"device probe failed ({e}): no drive figures to compare with",
+                  file=sys.stderr)
+            return None
+
+
+def probe_summary(result: Optional[ProbeResult]) -> Optional[Dict[str, object]]:
+    """What the JSON keeps of the probe: the best points, and every point for the record."""
+    if result is None:
+        return None
+    best = result.best("read")
+    full = result.to_dict()
+    return {"device": result.device.get("name"), "engine": result.engine,
+            "cached": result.cached, "size": result.config.get("size"),
+            "best_read_gbps": best.gbps if best else None,
+            "best_read": full["best"]["read"], "best_write": full["best"]["write"],
+            "points": full["points"]}
+
+
+def format_probe(result: ProbeResult) -> str:
+    best = result.best("read")
+    size = format_size(int(result.config.get("size", 0)))
+    head = (f"probe of {result.device.get('name')} ({size} file, "
+            f"{'cached' if result.cached else 'measured now'}): ")
+    if best is None:
+        return head + "no sequential read figure"
+    return (head + f"best sequential read {best.gbps:.3f} GB/s "
+            f"({format_size(best.block_size)} x {best.queue_depth})")
+
+
+# -- DataLoader collates (module level, so worker processes can unpickle them) ------------------
+# None of them converts to tensors: that cost is the model's, not the loader's. "count" sends
+# only the number of samples back from a worker; "list" sends the samples themselves (pickled
+# through a pipe, which then usually bounds the epoch).
+def count_batch(batch: list) -> int:
+    return len(batch)
+
+
+def count_sample(sample: dict) -> int:
+    return 1
+
+
+def as_list(batch: list) -> list:
+    return batch
+
+
+def as_is(sample: dict) -> dict:
+    return sample
+
+
+COLLATES = {("count", True): count_batch, ("count", False): count_sample,
+            ("list", True): as_list, ("list", False): as_is}  # (mode, batched) -> collate_fn
+
+
+def median_round(rounds: Sequence[Dict[str, object]]) -> int:
+    """Index of the round whose cold ShardStream time is the median: the one to show."""
+    seconds = [r["cold_shardstream"]["seconds"] for r in rounds]
+    return seconds.index(statistics.median_low(seconds))
 
 
 # -- output -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ __all__ = ["ENGINES", "IOSettings", "current", "override", "resolve"]
 
 ENGINES = ("auto", "uring", "threads", "python")
 
-_DEFAULTS = {"engine": "auto", "chunk_size": 4 << 20, "queue_depth": 8, "direct": True}
+_DEFAULTS = {"engine": "auto", "chunk_size": 1 << 20, "queue_depth": 32, "direct": True}
 _ENV = {
     "engine": "FLASHSTREAM_ENGINE",
     "chunk_size": "FLASHSTREAM_CHUNK_SIZE",
