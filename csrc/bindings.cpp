@@ -34,8 +34,13 @@ void raise_os_error(const IoError& e) {
   text += " (" + e.op();
   if (e.offset() >= 0) text += " at offset " + std::to_string(e.offset());
   text += ")";
+  // Paths are bytes in the core; decode as the filesystem does (surrogateescape), so a name
+  // that is not valid UTF-8 still round-trips into the exception.
+  nb::object filename = nb::steal(PyUnicode_DecodeFSDefaultAndSize(
+      e.path().data(), static_cast<Py_ssize_t>(e.path().size())));
+  if (!filename.is_valid()) return;
   PyObject* exc = PyObject_CallFunction(PyExc_OSError, "isO", e.error_code(), text.c_str(),
-                                        nb::str(e.path().c_str()).ptr());
+                                        filename.ptr());
   if (exc == nullptr) return;  // the call already set an error
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
   Py_DECREF(exc);
@@ -83,13 +88,14 @@ U64Array latency_counts(const LatencyHistogram& h) {
 
 class PyReader {
  public:
-  PyReader(const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& extents,
+  PyReader(const std::vector<std::tuple<nb::bytes, uint64_t, uint64_t>>& extents,
            size_t chunk_size, unsigned queue_depth, const std::string& engine, bool direct) {
     if (chunk_size == 0) throw nb::value_error("chunk_size must be positive");
     if (queue_depth == 0) throw nb::value_error("queue_depth must be positive");
     std::vector<Extent> list;
     list.reserve(extents.size());
-    for (const auto& [path, start, end] : extents) list.push_back({path, start, end});
+    for (const auto& [path, start, end] : extents)
+      list.push_back({std::string(path.c_str(), path.size()), start, end});
     ReaderOptions options;
     options.chunk_size = chunk_size;
     options.queue_depth = queue_depth;
@@ -338,7 +344,7 @@ NB_MODULE(_core, m) {
   });
 
   nb::class_<PyReader>(m, "Reader")
-      .def(nb::init<const std::vector<std::tuple<std::string, uint64_t, uint64_t>>&, size_t,
+      .def(nb::init<const std::vector<std::tuple<nb::bytes, uint64_t, uint64_t>>&, size_t,
                     unsigned, const std::string&, bool>(),
            nb::arg("extents"), nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
            nb::arg("direct"))

@@ -7,6 +7,7 @@ ints and buffers.
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Protocol, Sequence, Tuple
 
 from . import _core
@@ -73,9 +74,11 @@ def engine_name(kind: str) -> str:
 
 def open_reader(extents: Sequence[Extent], settings: IOSettings) -> ChunkReader:
     """A reader delivering the extents' bytes in order, chunk by chunk, reads kept in flight."""
-    extent_list: List[Extent] = [(str(p), int(s), int(e)) for p, s, e in extents]
+    extent_list: List[Extent] = [(os.fspath(p), int(s), int(e)) for p, s, e in extents]
     if settings.engine == "python":
         return PythonReader(extent_list, settings.chunk_size, settings.queue_depth,
                             settings.direct)
-    return _core.Reader(extent_list, settings.chunk_size, settings.queue_depth, settings.engine,
+    # Paths cross as bytes (os.fsencode) so names that are not valid UTF-8 work too.
+    encoded = [(os.fsencode(p), s, e) for p, s, e in extent_list]
+    return _core.Reader(encoded, settings.chunk_size, settings.queue_depth, settings.engine,
                         settings.direct)

@@ -175,3 +175,40 @@ def test_bad_arguments():
         ShardStream("x.tar", engine="spdk")
     with pytest.raises(FileNotFoundError, match="no shard matches"):
         ShardStream("/nonexistent-dir/*.tar")
+
+
+def test_samples_before_a_truncated_end_are_delivered(tmp_path, engine):
+    """A shard cut inside its last member: the complete samples come through, then the error
+    (the cut sample is lost, as webdataset loses it when tarfile raises)."""
+    good = write_tar(tmp_path / "ten.tar", make_samples(10, sizes=[3000]))
+    with tarfile.open(good) as tar:
+        last = tar.getmembers()[-1]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(good.read_bytes()[: last.offset_data + 100])
+    seen = []
+    with pytest.raises(ShardFormatError, match="truncated"):
+        for sample in ShardStream(str(cut)):
+            seen.append(sample["__key__"])
+    assert seen == [f"s{i:06d}" for i in range(9)]
+
+
+def test_samples_before_a_cut_gzip_trailer_are_delivered(tmp_path):
+    import gzip
+
+    plain = write_tar(tmp_path / "a.tar", make_samples(30, sizes=[5000]))
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(gzip.compress(plain.read_bytes())[:-6])  # the tar is whole, the trailer not
+    samples = list(ShardStream(str(cut), handler="ignore", chunk_size="4KiB"))
+    assert len(samples) == 30
+    with pytest.raises(ShardFormatError, match="truncated gzip"):
+        list(ShardStream(str(cut)))
+
+
+def test_non_utf8_file_names(tmp_path, engine):
+    name = os.fsdecode(b"shard-\xff.tar")  # a surrogate-escaped str, as glob returns it
+    write_tar(tmp_path / name, make_samples(4))
+    samples = list(ShardStream(str(tmp_path / "*.tar")))
+    assert len(samples) == 4 and samples[0]["__url__"] == str(tmp_path / name)
+    with pytest.raises(FileNotFoundError) as info:
+        list(ShardStream([str(tmp_path / os.fsdecode(b"gone-\xfe.tar"))]))
+    assert info.value.filename == str(tmp_path / os.fsdecode(b"gone-\xfe.tar"))

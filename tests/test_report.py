@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 
 import pytest
 from shardgen import write_shards
@@ -70,3 +71,18 @@ def test_monitor_without_probe_or_loader(shards):
     report = monitor.report()
     assert report.disk is None and report.gbps_vs_probe is None and report.p95_vs_probe is None
     assert report.batches == 160
+
+
+def test_a_forked_child_does_not_remove_the_board(shards):
+    stream = ShardStream(shards)
+    pid = os.fork()
+    if pid == 0:
+        # What a normal interpreter exit does to weakref finalizers, without letting pytest
+        # carry on in the child.
+        try:
+            weakref.finalize._exitfunc()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.path.exists(stream.board.path)
+    assert sum(1 for _ in stream) == 160 and stream.stats()["samples"] == 160

@@ -32,6 +32,9 @@ class Decompressor:
         self.consumed = 0  # compressed bytes fed so far, for error offsets
 
     def decompress(self, data) -> bytes:
+        if self._codec.eof and len(data):
+            # The previous stream ended exactly at a piece boundary: the next one starts here.
+            self._codec = self._factory()
         out = self._codec.decompress(data)
         self.consumed += len(data)
         while self._codec.eof and self._codec.unused_data:

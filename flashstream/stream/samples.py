@@ -66,6 +66,7 @@ class _Pass:
         self.shard = -1  # extent index of the shard being scanned, or last finished
         self.open = False
         self.decompressor: Optional[Decompressor] = None
+        self.pending: List[Dict] = []
 
     def start_shard(self, extent: int, head) -> None:
         self.shard, self.open = extent, True
@@ -76,15 +77,24 @@ class _Pass:
     def scan(self, data, last: bool) -> List[Dict]:
         if self.decompressor is not None:
             data = self.decompressor.decompress(data)
-            if last:
-                self.decompressor.finish()
         self.scanner.feed(data)
         samples = self.scanner.take()
         if last:
+            # The shard's end can still fail (truncated member, cut compressed stream): keep
+            # what this piece completed so the error path delivers it before reporting.
+            self.pending = samples
+            if self.decompressor is not None:
+                self.decompressor.finish()
             self.scanner.end_shard()
-            samples += self.scanner.take()
+            samples = samples + self.scanner.take()
+            self.pending = []
             self.open = False
         return samples
+
+    def salvage(self) -> List[Dict]:
+        """Samples completed before an error in the current piece."""
+        samples, self.pending = self.pending, []
+        return samples + self.scanner.take()
 
     def format_error(self, exn: BaseException) -> ShardFormatError:
         url = self.urls[self.shard]
@@ -134,7 +144,7 @@ def iter_samples(urls: Sequence[str], settings: IOSettings, handler: Handler,
                 samples = state.scan(data, last)
             except (FormatError, *DECOMPRESSION_ERRORS) as exn:
                 # Samples completed before the bad spot are good: deliver them first.
-                yield from state.scanner.take()
+                yield from state.salvage()
                 state.stats.errors += 1
                 if not state.handler(state.format_error(exn)):
                     return

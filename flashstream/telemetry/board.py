@@ -46,7 +46,9 @@ class StatsBoard:
             fd, path = tempfile.mkstemp(prefix="flashstream-stats-", dir=directory)
             os.ftruncate(fd, self._slot_bytes * MAX_SLOTS)
             os.close(fd)
-            weakref.finalize(self, _unlink, path)
+            # Only the creating process removes the file: a forked child inherits this
+            # finalizer and must not delete the board its parent still uses.
+            weakref.finalize(self, _unlink, path, os.getpid())
         self.path = path
         self._map: Optional[mmap.mmap] = None
         self._pid = -1
@@ -103,6 +105,8 @@ class StatsBoard:
         return out
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:
+        return
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

@@ -207,9 +207,10 @@ def _rates(timeline) -> Tuple[Tuple[float, float], ...]:
     return tuple(out)
 
 
-def _cache_file(cache_dir: Path, device: Dict[str, object], config: ProbeConfig) -> Path:
-    """One cache entry per device and probe configuration (a stable digest, not hash())."""
-    ident = "-".join(str(device.get(k) or "x") for k in ("name", "serial", "dev"))
+def _cache_file(cache_dir: Path, device: Dict[str, object], config: ProbeConfig,
+                kind: str) -> Path:
+    """One cache entry per device, engine and probe configuration (a stable digest)."""
+    ident = "-".join(str(device.get(k) or "x") for k in ("name", "serial", "dev")) + f"-{kind}"
     digest = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True).encode())
     return cache_dir / f"{ident.replace('/', '_').replace(':', '.')}-{digest.hexdigest()[:10]}.json"
 
@@ -234,13 +235,14 @@ def probe(path: Union[str, os.PathLike] = ".", *, config: Optional[ProbeConfig] 
     if not directory.is_dir():
         raise NotADirectoryError(f"probe needs a directory on the drive, got {path!s}")
     device = device_of(directory, health=False).to_dict()
-    cache = _cache_file(Path(cache_dir) if cache_dir else default_cache_dir(), device, config)
+    kind = engine.engine_name(resolve(engine=engine_kind).engine)
+    cache = _cache_file(Path(cache_dir) if cache_dir else default_cache_dir(), device, config,
+                        kind)
     if not refresh and cache.exists():
         try:
             return ProbeResult.from_dict(json.loads(cache.read_text()), cached=True)
         except (ValueError, KeyError, TypeError):
             pass  # an unreadable cache entry is measured again
-    kind = engine.engine_name(resolve(engine=engine_kind).engine)
     points = _run_grid(directory, config, kind, progress or (lambda _msg: None))
     result = ProbeResult(device=device, engine=kind, config=_config_dict(config), points=points)
     cache.parent.mkdir(parents=True, exist_ok=True)
