@@ -26,8 +26,6 @@ from flashstream.telemetry.probe import ProbeResult, probe
 def environment(data_dir: Path) -> Dict[str, object]:
     """What a reader of the figures needs to know about where they were taken."""
     st = os.stat(data_dir)
-    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-    sys_block = Path("/sys/dev/block") / dev
     info: Dict[str, object] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "kernel": platform.release(),
@@ -35,16 +33,11 @@ def environment(data_dir: Path) -> Dict[str, object]:
         "flashstream": flashstream.__version__,
         "cpus": os.cpu_count(),
         "data_dir": str(data_dir),
-        "device": dev,
-        **_device_names(data_dir),
+        "device": f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}",
+        **_device_fields(data_dir),
         "engine": flashstream.engine_name(flashstream.settings.current().engine),
         "fio": fio_version(),
     }
-    for name in ("queue/logical_block_size", "queue/max_sectors_kb", "queue/scheduler"):
-        for base in (sys_block, sys_block / ".."):
-            if (base / name).exists():
-                info[name.split("/")[-1]] = (base / name).read_text().strip()
-                break
     try:
         import webdataset
 
@@ -54,13 +47,15 @@ def environment(data_dir: Path) -> Dict[str, object]:
     return info
 
 
-def _device_names(data_dir: Path) -> Dict[str, Optional[str]]:
-    """The block device's name (as /proc/diskstats lists it) and model, for the header."""
+def _device_fields(data_dir: Path) -> Dict[str, object]:
+    """The drive's name (as /proc/diskstats lists it), model and queue settings."""
     try:
         dev = flashstream.device_of(data_dir, health=False)
     except OSError:
         return {"device_name": None, "device_model": None}
-    return {"device_name": dev.name, "device_model": dev.model or dev.transport}
+    return {"device_name": dev.name, "device_model": dev.model or dev.transport,
+            "logical_block_size": dev.logical_block_size,
+            "max_request_bytes": dev.max_request_bytes, "scheduler": dev.scheduler}
 
 
 def print_header(info: Dict[str, object]) -> None:

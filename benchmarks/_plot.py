@@ -20,6 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
 
+from flashstream.sizes import format_size  # noqa: E402
+
 COLORS = {"ShardStream": "tab:blue", "webdataset": "tab:orange", "probe": "tab:green",
           "fio": "tab:gray"}
 
@@ -143,8 +145,8 @@ def _latency_cdf(ax, name: str, run: Dict[str, object]) -> None:
     shape = epochs[0].get("probe_same_shape")
     if shape and shape.get("p95_us"):
         ax.axvline(shape["p95_us"], color=COLORS["probe"], linestyle="--",
-                   label=f"probe p95 at {_size(shape['block_size'])} x {shape['queue_depth']} "
-                         f"({shape['p95_us']:,.0f} us)")
+                   label=f"probe p95 at {format_size(shape['block_size'])} x "
+                         f"{shape['queue_depth']} ({shape['p95_us']:,.0f} us)")
     p95 = report["request_latency_us"].get("p95")
     if p95:
         ax.axvline(p95, color=COLORS["ShardStream"], linestyle=":",
@@ -156,7 +158,7 @@ def _latency_cdf(ax, name: str, run: Dict[str, object]) -> None:
     ax.set_ylabel("fraction of read requests")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"{name}: ShardStream read-request latency CDF "
-                 f"({_size(report['chunk_size'])} x {report['queue_depth']} in flight)",
+                 f"({format_size(report['chunk_size'])} x {report['queue_depth']} in flight)",
                  fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="lower right")
@@ -173,13 +175,6 @@ def _plain_log_labels(axis) -> None:
 
     axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
     axis.set_minor_formatter(FuncFormatter(minor))
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
 
 
 if __name__ == "__main__":
