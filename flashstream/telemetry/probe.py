@@ -128,7 +128,7 @@ class ProbeResult:
         return next((p for p in self.points if p.timeline), None)
 
     def to_dict(self) -> Dict[str, object]:
-        best = {op: (self.best(op).to_dict() if self.best(op) else None) for op in OPS}
+        best = {op: (point.to_dict() if (point := self.best(op)) else None) for op in OPS}
         return {"version": CACHE_VERSION, "device": self.device, "engine": self.engine,
                 "config": self.config, "created": self.created, "best": best,
                 "points": [p.to_dict() for p in self.points]}

@@ -17,6 +17,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, TypeVar
 
 import numpy as np
 
+from ..engine import engine_name
 from ..sizes import format_size
 from .device import device_of
 from .diskstats import DiskDelta, DiskSampler
@@ -227,8 +228,6 @@ class EpochMonitor:
     def report(self) -> EpochReport:
         totals = self.stream.stats()
         io = self.stream.io_settings
-        from ..engine import engine_name
-
         report = EpochReport(
             wall_seconds=self._wall, samples=int(totals["samples"]), batches=self.batches,
             bytes_read=int(totals["bytes_read"]), shards=int(totals["shards"]),
