@@ -14,8 +14,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/crc32c.hpp"
 #include "common/errors.hpp"
+#include "io/bulk_file.hpp"
 #include "io/engine.hpp"
+#include "io/pacing.hpp"
 #include "io/sequential_reader.hpp"
 #include "probe/probe.hpp"
 #include "tar/tar_scanner.hpp"
@@ -58,13 +61,18 @@ void translate_exceptions(const std::exception_ptr& p, void*) {
 }
 
 // Borrowed view of any contiguous buffer-protocol object, released on scope exit.
+// Holding the view keeps the exporter alive and, for bytearray and mmap, stops a resize or close.
 class BufferView {
  public:
-  explicit BufferView(nb::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  explicit BufferView(nb::handle obj, bool writable = false) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0)
+      throw nb::python_error();
   }
   ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
   const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+  uint8_t* writable_data() const { return static_cast<uint8_t*>(view_.buf); }
   size_t size() const { return static_cast<size_t>(view_.len); }
 
  private:
@@ -325,10 +333,170 @@ void create_probe_file_py(const std::string& path, uint64_t size) {
   create_probe_file(path, size);
 }
 
+// ---- checkpoint I/O: checksums, pacing, whole-file writes and reads ----
+
+constexpr size_t kReleaseGilAbove = 64 * 1024;  // checksumming less is quicker than the handoff
+
+uint32_t crc32c_py(nb::handle data, uint32_t crc) {
+  BufferView view(data);
+  if (view.size() <= kReleaseGilAbove) return crc32c(view.data(), view.size(), crc);
+  nb::gil_scoped_release release;
+  return crc32c(view.data(), view.size(), crc);
+}
+
+AdaptiveConfig adaptive_config(double window, double cliff_ratio, unsigned cliff_windows,
+                               double margin, double min_rate) {
+  AdaptiveConfig c;
+  c.window = window;
+  c.cliff_ratio = cliff_ratio;
+  c.cliff_windows = cliff_windows;
+  c.margin = margin;
+  c.min_rate = min_rate;
+  return c;
+}
+
+// `adaptive` is a dict of AdaptiveRate's keyword arguments ({} for the defaults).
+AdaptiveConfig adaptive_config(const nb::dict& kw) {
+  AdaptiveConfig c;
+  for (auto [key, value] : kw) {
+    const std::string k = nb::cast<std::string>(key);
+    if (k == "window") c.window = nb::cast<double>(value);
+    else if (k == "cliff_ratio") c.cliff_ratio = nb::cast<double>(value);
+    else if (k == "cliff_windows") c.cliff_windows = nb::cast<unsigned>(value);
+    else if (k == "margin") c.margin = nb::cast<double>(value);
+    else if (k == "min_rate") c.min_rate = nb::cast<double>(value);
+    else
+      throw nb::value_error(("unknown adaptive setting '" + k +
+                             "' (allowed: window, cliff_ratio, cliff_windows, margin, min_rate)")
+                                .c_str());
+  }
+  AdaptiveRate check(c);  // std::invalid_argument -> ValueError before any I/O
+  return c;
+}
+
+void put_latency(nb::dict& d, const BulkStats& s) {
+  d["bytes"] = s.bytes;
+  d["seconds"] = s.seconds;
+  d["requests"] = s.requests;
+  d["counts"] = latency_counts(s.latency);
+  d["min_ns"] = s.latency.min();
+  d["max_ns"] = s.latency.max();
+  d["sum_ns"] = s.latency.sum();
+  d["engine"] = s.engine;
+}
+
+// An OutputFile driven from Python. write() runs with the GIL released, so another thread
+// could call close() meanwhile: `busy_` (read and set under the GIL) refuses that.
+class PyOutputFile {
+ public:
+  PyOutputFile(nb::bytes path, uint64_t size, bool direct) {
+    std::string p(path.c_str(), path.size());
+    nb::gil_scoped_release release;  // fallocate may take a while
+    file_ = std::make_unique<OutputFile>(p, size, direct);
+  }
+
+  nb::dict write(nb::handle data, uint64_t offset, size_t chunk_size, unsigned queue_depth,
+                 const std::string& engine, double rate, std::optional<nb::dict> adaptive,
+                 std::optional<std::vector<uint64_t>> crc_bounds, double interval) {
+    BulkOptions o;
+    o.chunk_size = chunk_size;
+    o.queue_depth = queue_depth;
+    o.engine = engine;
+    o.rate = rate;
+    o.interval = interval;
+    if (adaptive) {
+      o.adaptive = true;
+      o.adaptive_config = adaptive_config(*adaptive);
+    }
+    std::vector<uint64_t> bounds;
+    if (crc_bounds) bounds = std::move(*crc_bounds);
+    BufferView view(data);
+    std::vector<uint32_t> crcs;
+    BulkStats s;
+    {
+      Busy busy(*this);
+      nb::gil_scoped_release release;
+      s = busy.file().write(view.data(), view.size(), offset, o, bounds, &crcs);
+    }
+    nb::list timeline;
+    for (const RatePoint& p : s.timeline)
+      timeline.append(nb::make_tuple(p.seconds, p.bytes, p.rate));
+    nb::list crc_list;
+    for (uint32_t c : crcs) crc_list.append(c);
+    nb::dict d;
+    put_latency(d, s);
+    d["paused"] = s.paused;
+    d["timeline"] = timeline;
+    d["peak"] = s.peak;
+    d["sustained"] = s.sustained;
+    d["final_rate"] = s.final_rate;
+    d["crcs"] = crc_list;
+    d["direct"] = file_->direct();
+    return d;
+  }
+
+  double commit(uint64_t size) {
+    Busy busy(*this);
+    nb::gil_scoped_release release;
+    return busy.file().commit(size);
+  }
+
+  void close() {
+    if (busy_) throw nb::value_error("close() while a write is in progress");
+    file_->close();
+  }
+
+  bool direct() const { return file_->direct(); }
+  std::tuple<uint32_t, uint32_t> alignment() const {
+    return {file_->alignment().offset, file_->alignment().memory};
+  }
+  nb::bytes path() const { return nb::bytes(file_->path().data(), file_->path().size()); }
+
+ private:
+  class Busy {
+   public:
+    explicit Busy(PyOutputFile& f) : f_(f) {
+      if (f_.busy_) throw nb::value_error("another call on this OutputFile is in progress");
+      f_.busy_ = true;
+    }
+    ~Busy() { f_.busy_ = false; }  // runs after the GIL is taken back
+    OutputFile& file() { return *f_.file_; }
+
+   private:
+    PyOutputFile& f_;
+  };
+
+  std::unique_ptr<OutputFile> file_;
+  bool busy_ = false;
+};
+
+nb::dict read_file_into_py(nb::bytes path, nb::handle data, uint64_t length, size_t chunk_size,
+                           unsigned queue_depth, const std::string& engine, bool direct) {
+  BufferView view(data, /*writable=*/true);
+  if (length > view.size())
+    throw nb::value_error(("length " + std::to_string(length) + " exceeds the buffer's " +
+                           std::to_string(view.size()) + " bytes").c_str());
+  BulkOptions o;
+  o.chunk_size = chunk_size;
+  o.queue_depth = queue_depth;
+  o.engine = engine;
+  std::string p(path.c_str(), path.size());
+  bool is_direct = false;
+  BulkStats s;
+  {
+    nb::gil_scoped_release release;
+    s = read_file_into(p, view.writable_data(), length, view.size(), o, direct, &is_direct);
+  }
+  nb::dict d;
+  put_latency(d, s);
+  d["direct"] = is_direct;
+  return d;
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
-  m.doc() = "flashstream C++ core: O_DIRECT sequential reader and tar scanner";
+  m.doc() = "flashstream C++ core: O_DIRECT reader, tar scanner, checkpoint writer";
   g_format_error = PyErr_NewExceptionWithDoc(
       "flashstream._core.FormatError", "A tar shard is malformed; args = (message, offset).",
       PyExc_ValueError, nullptr);
@@ -368,6 +536,65 @@ NB_MODULE(_core, m) {
         "counts, min_ns, max_ns, sum_ns, timeline).");
   m.def("create_probe_file", &create_probe_file_py, nb::arg("path"), nb::arg("size"),
         "Create or resize a preallocated file of random data for run_probe.");
+
+  m.def("crc32c", &crc32c_py, nb::arg("data"), nb::arg("crc") = 0u,
+        "CRC-32C of a contiguous buffer; pass a previous result as crc to continue it.");
+  m.def("crc32c_hardware", &crc32c_hardware, "True when crc32c uses the CPU's CRC instruction.");
+
+  nb::class_<AdaptiveRate>(m, "AdaptiveRate",
+                           "Finds a drive's write cliff from per-window throughput and paces "
+                           "below its sustained rate (see csrc/io/pacing.hpp).")
+      .def("__init__",
+           [](AdaptiveRate* self, double window, double cliff_ratio, unsigned cliff_windows,
+              double margin, double min_rate) {
+             new (self) AdaptiveRate(
+                 adaptive_config(window, cliff_ratio, cliff_windows, margin, min_rate));
+           },
+           nb::kw_only(), nb::arg("window") = 0.1, nb::arg("cliff_ratio") = 0.5,
+           nb::arg("cliff_windows") = 2u, nb::arg("margin") = 0.9,
+           nb::arg("min_rate") = 16.0 * 1024 * 1024)
+      .def("observe", &AdaptiveRate::observe, nb::arg("bytes"), nb::arg("seconds"),
+           "One finished window; returns the rate to pace at from now on (0: unpaced).")
+      .def_prop_ro("rate", &AdaptiveRate::rate)
+      .def_prop_ro("peak", &AdaptiveRate::peak)
+      .def_prop_ro("sustained", &AdaptiveRate::sustained)
+      .def_prop_ro("cliff", &AdaptiveRate::cliff)
+      .def_prop_ro("window", [](const AdaptiveRate& a) { return a.config().window; })
+      .def_prop_ro("cliff_ratio", [](const AdaptiveRate& a) { return a.config().cliff_ratio; })
+      .def_prop_ro("cliff_windows", [](const AdaptiveRate& a) { return a.config().cliff_windows; })
+      .def_prop_ro("margin", [](const AdaptiveRate& a) { return a.config().margin; })
+      .def_prop_ro("min_rate", [](const AdaptiveRate& a) { return a.config().min_rate; });
+
+  nb::class_<Pacer>(m, "Pacer", "Fixed-rate schedule without an initial burst (rate 0: unpaced).")
+      .def(nb::init<double>(), nb::arg("rate") = 0.0)
+      .def("admit", &Pacer::admit, nb::arg("bytes"), nb::arg("now"),
+           "Seconds to wait before submitting `bytes` at time `now`.")
+      .def("set_rate", &Pacer::set_rate, nb::arg("rate"), nb::arg("now"))
+      .def_prop_ro("rate", &Pacer::rate);
+
+  nb::class_<PyOutputFile>(m, "OutputFile")
+      .def(nb::init<nb::bytes, uint64_t, bool>(), nb::arg("path"), nb::arg("size"),
+           nb::arg("direct"))
+      .def("write", &PyOutputFile::write, nb::arg("data"), nb::arg("offset"),
+           nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
+           nb::arg("rate") = 0.0, nb::arg("adaptive").none() = nb::none(),
+           nb::arg("crc_bounds").none() = nb::none(), nb::arg("interval") = 0.05,
+           "Write a contiguous buffer at `offset` (blocks, GIL released; the buffer must not "
+           "change meanwhile). Returns a dict (bytes, seconds, requests, counts, min_ns, max_ns, "
+           "sum_ns, paused, timeline, peak, sustained, final_rate, crcs, engine, direct).")
+      .def("commit", &PyOutputFile::commit, nb::arg("size"),
+           "Truncate to `size`, fdatasync, close; returns the seconds the sync took.")
+      .def("close", &PyOutputFile::close)
+      .def_prop_ro("direct", &PyOutputFile::direct)
+      .def_prop_ro("alignment", &PyOutputFile::alignment)
+      .def_prop_ro("path", &PyOutputFile::path);
+
+  m.def("read_file_into", &read_file_into_py, nb::arg("path"), nb::arg("data"),
+        nb::arg("length"), nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
+        nb::arg("direct"),
+        "Read the file's first `length` bytes into a writable buffer (room for the length "
+        "rounded up to the O_DIRECT alignment). Returns a dict (bytes, seconds, requests, "
+        "counts, min_ns, max_ns, sum_ns, engine, direct).");
 
   nb::class_<PyScanner>(m, "Scanner")
       .def(nb::init<>())

@@ -1,29 +1,37 @@
 """The engine facade: the only module that imports the C++ extension.
 
-It picks the read engine (io_uring, thread pool, or the pure-Python reference), opens chunk
-readers over file extents, and hands out tar scanners. Everything above it deals in paths,
-ints and buffers.
+It picks the I/O engine (io_uring, thread pool, or the pure-Python reference), opens chunk
+readers over file extents, hands out tar scanners, and moves whole files between memory and
+disk for checkpoints (paced, checksummed writes; reads into a caller's buffer). Everything
+above it deals in paths, ints and buffers.
 """
 
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from . import _core
-from ._pyengine import PythonReader
-from .settings import IOSettings
+from ._pyengine import Kernels, PythonOutputFile, PythonReader, python_read_into
+from .settings import ENGINES, IOSettings
 
 __all__ = [
     "TO_END",
+    "AdaptiveRate",
     "ChunkReader",
     "FormatError",
+    "OutputFile",
+    "Pacer",
     "Scanner",
+    "crc32c",
+    "crc32c_hardware",
     "create_probe_file",
     "engine_name",
     "histogram_bounds",
     "is_meta_name",
+    "open_output",
     "open_reader",
+    "read_into",
     "run_probe",
     "split_key",
     "uring_available",
@@ -44,8 +52,22 @@ run_probe = _core.run_probe
 #: A file of ``size`` random bytes written with O_DIRECT (space reserved first: ENOSPC early).
 create_probe_file = _core.create_probe_file
 
+#: ``crc32c(data, crc=0) -> int``: CRC-32C of any contiguous buffer; pass a previous result as
+#: ``crc`` to continue it over the next piece.
+crc32c = _core.crc32c
+#: True when crc32c uses the CPU's CRC instruction (SSE4.2 / ARMv8), not a table.
+crc32c_hardware = _core.crc32c_hardware
+#: ``AdaptiveRate(*, window, cliff_ratio, cliff_windows, margin, min_rate)``: finds a drive's
+#: write cliff from per-window throughput (``observe(bytes, seconds) -> rate``).
+AdaptiveRate = _core.AdaptiveRate
+#: ``Pacer(rate=0.0)``: fixed-rate schedule; ``admit(bytes, now) -> seconds to wait``.
+Pacer = _core.Pacer
+
+_KERNELS = Kernels(crc32c=_core.crc32c, pacer=_core.Pacer, adaptive_rate=_core.AdaptiveRate)
+
 Chunk = Tuple[int, int, memoryview, bool, bool]  # extent, offset, data, first, last
 Extent = Tuple[str, int, int]  # path, start, end (TO_END for the whole file)
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 
 class ChunkReader(Protocol):
@@ -58,6 +80,114 @@ class ChunkReader(Protocol):
     def close(self) -> None: ...
     def stats(self) -> dict: ...
     def latency_counts(self): ...
+
+
+class OutputFile(Protocol):
+    """A new file written from memory (see csrc/io/bulk_file.hpp for the contract).
+
+    ``write(data, offset=0, *, chunk_size, queue_depth, rate=0.0, adaptive=None,
+    crc_bounds=None, interval=0.05) -> dict`` writes a contiguous buffer at ``offset`` in
+    ``chunk_size`` requests, ``queue_depth`` in flight. ``rate``: bytes/s (0: unpaced; with
+    ``adaptive`` the ceiling). ``adaptive``: None, or a dict of AdaptiveRate keyword arguments
+    (``{}`` for the defaults). ``crc_bounds``: sorted offsets from 0 into ``data``; the result's
+    ``crcs`` holds the CRC-32C of each segment between consecutive bounds. With O_DIRECT
+    (``direct``), ``data``'s address, ``offset``, its length and ``chunk_size`` must be multiples
+    of ``alignment`` (``(offset, memory)``): pad the tail and ``commit`` the exact size. The
+    result has bytes, seconds, requests, counts, min_ns, max_ns, sum_ns, paused, timeline
+    ([(seconds, bytes, rate)]), peak, sustained, final_rate, crcs, engine and direct.
+    """
+
+    path: str
+    direct: bool
+    alignment: Tuple[int, int]
+
+    def write(self, data: Any, offset: int = 0, *, chunk_size: int = ..., queue_depth: int = ...,
+              rate: float = 0.0, adaptive: Optional[Dict[str, float]] = None,
+              crc_bounds: Optional[Sequence[int]] = None,
+              interval: float = 0.05) -> Dict[str, Any]: ...
+    def commit(self, size: int) -> float: ...
+    def close(self) -> None: ...
+
+
+_WRITE_CHUNK = 8 << 20
+_WRITE_DEPTH = 8
+
+
+class _NativeOutputFile:
+    """``OutputFile`` on the C++ core; the engine is picked anew by each write."""
+
+    def __init__(self, path: PathLike, size: int, engine: str, direct: bool) -> None:
+        self._file = _core.OutputFile(os.fsencode(path), int(size), bool(direct))
+        self._engine = engine
+
+    def write(self, data: Any, offset: int = 0, *, chunk_size: int = _WRITE_CHUNK,
+              queue_depth: int = _WRITE_DEPTH, rate: Optional[float] = 0.0,
+              adaptive: Optional[Dict[str, float]] = None,
+              crc_bounds: Optional[Sequence[int]] = None,
+              interval: float = 0.05) -> Dict[str, Any]:
+        bounds = None if crc_bounds is None else [int(b) for b in crc_bounds]
+        return self._file.write(data, int(offset), int(chunk_size), int(queue_depth),
+                                self._engine, float(rate or 0.0),
+                                None if adaptive is None else dict(adaptive), bounds,
+                                float(interval))
+
+    def commit(self, size: int) -> float:
+        return self._file.commit(int(size))
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def path(self) -> str:
+        return os.fsdecode(self._file.path)
+
+    @property
+    def direct(self) -> bool:
+        return self._file.direct
+
+    @property
+    def alignment(self) -> Tuple[int, int]:
+        return self._file.alignment
+
+    def __enter__(self) -> _NativeOutputFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+
+
+def open_output(path: PathLike, size: int, *, engine: str, direct: bool) -> OutputFile:
+    """Create ``path`` (it must not exist) with ``size`` bytes reserved, for writing from memory.
+
+    O_DIRECT where the filesystem allows it and ``direct`` asks for it (``.direct`` says which
+    happened). A full disk raises OSError(ENOSPC) here, before any data is written.
+    """
+    _check_engine(engine)
+    if engine == "python":
+        return PythonOutputFile(os.fspath(path), int(size), bool(direct), kernels=_KERNELS)
+    return _NativeOutputFile(path, size, engine, direct)
+
+
+def read_into(path: PathLike, buffer: Any, length: int, *, engine: str, chunk_size: int,
+              queue_depth: int, direct: bool) -> Dict[str, Any]:
+    """Read the first ``length`` bytes of ``path`` into the writable ``buffer``.
+
+    With O_DIRECT the last request is rounded up to the alignment, so give ``buffer`` room for
+    ``length`` rounded up to 4096 and a page-aligned address (``mmap``). A file shorter than
+    ``length`` raises OSError(ENODATA). Returns bytes, seconds, requests, counts, min_ns,
+    max_ns, sum_ns, engine and direct.
+    """
+    _check_engine(engine)
+    if engine == "python":
+        return python_read_into(os.fspath(path), buffer, int(length), int(chunk_size),
+                                int(queue_depth), bool(direct))
+    return _core.read_file_into(os.fsencode(path), buffer, int(length), int(chunk_size),
+                                int(queue_depth), engine, bool(direct))
 
 
 def uring_available() -> bool:

@@ -70,6 +70,26 @@ def no_direct_dir(tmp_path):
 
 
 @pytest.fixture
+def small_fs(tmp_path):
+    """A factory for a size-limited tmpfs (root only; skips otherwise): small_fs("8m")."""
+    mounts = []
+
+    def mount(size: str) -> Path:
+        point = tmp_path / f"small-fs-{len(mounts)}"
+        point.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "none",
+                                 str(point)], capture_output=True)
+        if result.returncode != 0:
+            pytest.skip("mounting a size-limited tmpfs needs root")
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+@pytest.fixture
 def peer_data():
     if not PEER_DATA.is_dir():
         pytest.skip(f"peer data not found at {PEER_DATA}")
