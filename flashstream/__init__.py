@@ -2,11 +2,20 @@
 
 ``ShardStream`` streams WebDataset tar shards with aligned O_DIRECT reads kept in flight by a
 C++ engine (io_uring, or a pread thread pool), and yields exactly webdataset's samples.
+``CheckpointWriter`` snapshots training state and writes it in the background, paced and
+crash-safe; ``load_checkpoint`` reads it back verified.
 """
 
 from . import settings
+from .checkpoint import (
+    AdaptiveSettings,
+    CheckpointWriter,
+    SaveReport,
+    list_checkpoints,
+    load_checkpoint,
+)
 from .engine import engine_name, uring_available
-from .errors import FlashstreamError, ShardFormatError
+from .errors import ChecksumError, FlashstreamError, ShardFormatError
 from .sizes import parse_size
 from .stream import (
     ReadStats,
@@ -28,18 +37,24 @@ from .telemetry.probe import probe
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveSettings",
+    "CheckpointWriter",
+    "ChecksumError",
     "DeviceInfo",
     "EpochMonitor",
     "EpochReport",
     "FlashstreamError",
     "LatencyHistogram",
     "ReadStats",
+    "SaveReport",
     "ShardFormatError",
     "ShardStream",
     "device_of",
     "engine_name",
     "format_device",
     "ignore_and_continue",
+    "list_checkpoints",
+    "load_checkpoint",
     "parse_size",
     "probe",
     "reraise_exception",

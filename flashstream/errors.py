@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["FlashstreamError", "ShardFormatError"]
+__all__ = ["ChecksumError", "FlashstreamError", "ShardFormatError"]
 
 
 class FlashstreamError(Exception):
@@ -27,3 +27,19 @@ class ShardFormatError(FlashstreamError, ValueError):
 
     def __reduce__(self):  # survives pickling across DataLoader worker processes
         return (type(self), (self.url, self.offset, self.reason))
+
+
+class ChecksumError(FlashstreamError, ValueError):
+    """A checkpoint's bytes do not match the checksum recorded when it was written.
+
+    ``path`` names the file, ``tensor`` the tensor (or ``"<header>"``), and ``begin``/``end``
+    its byte range in the file.
+    """
+
+    def __init__(self, path: str, tensor: str, begin: int, end: int) -> None:
+        self.path, self.tensor, self.begin, self.end = path, tensor, begin, end
+        super().__init__(f"{path}: checksum mismatch in {tensor!r} (bytes {begin}..{end}); "
+                         f"the file is corrupt")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.tensor, self.begin, self.end))

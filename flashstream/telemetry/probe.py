@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -122,6 +123,14 @@ class ProbeResult:
             if p.block_size == bs and p.queue_depth == queue_depth:
                 return p
         return None
+
+    def nearest(self, op: str, block_size: int, queue_depth: int) -> Optional[ProbePoint]:
+        """The sequential ``op`` point at this shape, else the nearest one (log distance)."""
+        points = self.select(op)
+        if not points:
+            return None
+        return min(points, key=lambda p: (abs(math.log2(p.block_size / block_size))
+                                          + abs(math.log2(p.queue_depth / queue_depth))))
 
     @property
     def sustained(self) -> Optional[ProbePoint]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import math
 import time
 from typing import Dict, Iterable, Iterator, List, Optional, TypeVar
 
@@ -158,15 +157,6 @@ def _percentiles(summary: Dict[str, Optional[float]], unit: str) -> str:
             f" {unit} (n={summary['count']:,})")
 
 
-def _nearest_point(probe: ProbeResult, block_size: int, depth: int) -> Optional[ProbePoint]:
-    """The probe's sequential read at this shape, else the nearest one (log distance)."""
-    points = probe.select("read")
-    if not points:
-        return None
-    return min(points, key=lambda p: (abs(math.log2(p.block_size / block_size))
-                                      + abs(math.log2(p.queue_depth / depth))))
-
-
 class EpochMonitor:
     """Measure one epoch of a ShardStream as the training loop sees it.
 
@@ -238,7 +228,7 @@ class EpochMonitor:
             device=self.device, disk=self._disk, errors=int(totals["errors"]))
         if self.probe is not None:
             report.probe_best_read = self.probe.best("read")
-            report.probe_same_shape = _nearest_point(self.probe, io.chunk_size, io.queue_depth)
+            report.probe_same_shape = self.probe.nearest("read", io.chunk_size, io.queue_depth)
         return report
 
 

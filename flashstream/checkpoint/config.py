@@ -1,0 +1,125 @@
+"""Validated settings of a CheckpointWriter."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+from .. import settings
+from ..sizes import Size, parse_size
+
+__all__ = ["AdaptiveSettings", "WriterConfig", "IF_BUSY"]
+
+IF_BUSY = ("wait", "skip")
+Rate = Union[None, int, float, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSettings:
+    """How ``rate="auto"`` finds the write cliff (see docs/checkpoint.md).
+
+    window: seconds of completions per throughput measurement.
+    cliff_ratio: a window below this share of the running peak counts as in the cliff.
+    cliff_windows: consecutive low windows that confirm a cliff.
+    margin: pace at this share of the throughput measured in the cliff.
+    min_rate: never pace below this (bytes/s, or a size string per second).
+    """
+
+    window: float = 0.1
+    cliff_ratio: float = 0.5
+    cliff_windows: int = 2
+    margin: float = 0.9
+    min_rate: Size = "16MiB"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min_rate", parse_size(self.min_rate, name="min_rate"))
+        if not 0.001 <= self.window <= 60:
+            raise ValueError(f"window must be from 0.001 to 60 seconds, got {self.window}")
+        if not 0 < self.cliff_ratio < 1 or not 0 < self.margin <= 1:
+            raise ValueError("cliff_ratio must be in (0, 1) and margin in (0, 1]")
+        if not 1 <= self.cliff_windows <= 16:
+            raise ValueError(f"cliff_windows must be from 1 to 16, got {self.cliff_windows}")
+
+
+def parse_rate(rate: Rate) -> Union[None, float, str]:
+    """None (unpaced), "auto", or bytes per second (an int/float or a size such as "500MB")."""
+    if rate is None or rate == "auto":
+        return rate
+    if isinstance(rate, float) and rate > 0:
+        return rate
+    try:
+        value = parse_size(rate, name="rate")
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"rate must be None (unpaced), 'auto', or a positive number of bytes "
+                         f"per second such as 500_000_000 or '500MB'; got {rate!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterConfig:
+    """rate: None (as fast as the drive takes it), bytes/s, or "auto" (see AdaptiveSettings).
+    within: spread each write over this many seconds (a completion target; with a rate, the
+        slower of the two applies).
+    keep: complete checkpoints to keep (None: all); older ones are removed after each commit.
+    if_busy: what save() does while the previous save is still writing: "wait" or "skip".
+    chunk_size, queue_depth: write request size and requests in flight.
+    engine, direct: as for ShardStream (FLASHSTREAM_ENGINE / FLASHSTREAM_DIRECT).
+    commit_timeout: seconds rank 0 waits for the other ranks' markers before giving up on
+        marking a step complete (the step stays incomplete; the previous one stays latest).
+    interval: resolution of the write timeline, seconds.
+    """
+
+    rate: Rate = None
+    within: Optional[float] = None
+    keep: Optional[int] = 3
+    if_busy: str = "wait"
+    chunk_size: Size = "8MiB"
+    queue_depth: int = 8
+    engine: Optional[str] = None
+    direct: Optional[bool] = None
+    commit_timeout: float = 600.0
+    interval: float = 0.05
+    adaptive: AdaptiveSettings = AdaptiveSettings()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rate", parse_rate(self.rate))
+        io = settings.resolve(engine=self.engine, direct=self.direct)
+        object.__setattr__(self, "engine", io.engine)
+        object.__setattr__(self, "direct", io.direct)
+        chunk = parse_size(self.chunk_size, name="chunk_size")
+        if chunk < 4096 or chunk % 4096 or chunk > 1 << 30:
+            raise ValueError(f"chunk_size must be a multiple of 4KiB up to 1GiB, got {chunk}")
+        object.__setattr__(self, "chunk_size", chunk)
+        if isinstance(self.queue_depth, bool) or not isinstance(self.queue_depth, int) or not (
+                1 <= self.queue_depth <= 256):
+            raise ValueError(f"queue_depth must be an int from 1 to 256, got {self.queue_depth!r}")
+        if self.within is not None and not self.within > 0:
+            raise ValueError(f"within must be a positive number of seconds, got {self.within!r}")
+        if self.keep is not None and (isinstance(self.keep, bool) or not isinstance(self.keep, int)
+                                      or self.keep < 1):
+            raise ValueError(f"keep must be None (keep all) or an int >= 1, got {self.keep!r}")
+        if self.if_busy not in IF_BUSY:
+            raise ValueError(f"if_busy must be one of {', '.join(IF_BUSY)}; got {self.if_busy!r}")
+        if not self.commit_timeout > 0:
+            raise ValueError(f"commit_timeout must be positive, got {self.commit_timeout!r}")
+        if not 0.001 <= self.interval <= 60:
+            raise ValueError(f"interval must be from 0.001 to 60 seconds, got {self.interval}")
+        if not isinstance(self.adaptive, AdaptiveSettings):
+            raise ValueError("adaptive must be an AdaptiveSettings")
+
+    @property
+    def rate_mode(self) -> str:
+        if self.rate == "auto":
+            return "auto"
+        return "fixed" if self.rate is not None or self.within is not None else "none"
+
+    def pacing(self, data_bytes: int) -> float:
+        """Bytes/s for a write of ``data_bytes`` (0: unpaced; with auto: the ceiling)."""
+        limits = []
+        if isinstance(self.rate, float):
+            limits.append(self.rate)
+        if self.within is not None:
+            limits.append(max(data_bytes, 1) / self.within)
+        return min(limits) if limits else 0.0

@@ -1,0 +1,195 @@
+"""The checkpoint file: safetensors-compatible, with a 4 KiB-aligned data region.
+
+Layout of one rank's file::
+
+    [8-byte little-endian header length n][header JSON, space-padded][tensor data]
+    |<-------------- header_size (a multiple of 4 KiB) ------------->|
+
+The padding makes the data region start on an O_DIRECT boundary, so the staging buffer that
+holds this exact image is written with aligned requests and no copy. Tensors follow each other
+with no gaps (safetensors requires it), largest element size first, so every tensor starts at a
+multiple of its element size and loads as a zero-copy view. Dtypes safetensors has no name for
+(complex, ...) are stored as U8 bytes, with their real dtype and shape in the metadata.
+
+Metadata (``__metadata__``, string values, as safetensors requires):
+    format                  "pt"
+    flashstream.version     format version, "1"
+    flashstream.structure   the JSON skeleton of the state dict (see structure.py)
+    flashstream.checksums   {"tensor name": "crc32c as 8 hex digits"} for every tensor
+    flashstream.dtypes      {"tensor name": [torch dtype, shape]} for tensors stored as bytes
+    flashstream.step / .rank / .world_size
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .structure import TensorEntry
+
+__all__ = ["FORMAT_VERSION", "HEADER_ALIGNMENT", "Layout", "Slot", "StoredTensor",
+           "header_bytes", "parse_header", "plan", "torch_dtype"]
+
+FORMAT_VERSION = "1"
+HEADER_ALIGNMENT = 4096
+_PREFIX = struct.Struct("<Q")
+
+# torch dtype -> safetensors dtype name.
+_SAFETENSORS_NAMES: Dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+for _torch_name, _st_name in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+                              ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
+    if hasattr(torch, _torch_name):
+        _SAFETENSORS_NAMES[getattr(torch, _torch_name)] = _st_name
+_FROM_SAFETENSORS = {name: dtype for dtype, name in _SAFETENSORS_NAMES.items()}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name or of a ``str(torch.dtype)``."""
+    if name in _FROM_SAFETENSORS:
+        return _FROM_SAFETENSORS[name]
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {name!r} in the checkpoint header")
+    return dtype
+
+
+@dataclasses.dataclass
+class Slot:
+    """Where one tensor lives in the data region."""
+
+    name: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    offset: int  # from the start of the data region
+    nbytes: int
+    source: Optional[torch.Tensor]  # the caller's tensor; dropped once snapshotted
+
+    @property
+    def stored_as_bytes(self) -> bool:
+        return self.dtype not in _SAFETENSORS_NAMES
+
+
+@dataclasses.dataclass
+class Layout:
+    slots: List[Slot]
+    metadata: Dict[str, str]  # without the checksums
+    header_size: int
+    data_size: int
+
+    @property
+    def file_size(self) -> int:
+        return self.header_size + self.data_size
+
+    def forget_sources(self) -> None:
+        """Drop the references to the caller's tensors (after the snapshot)."""
+        for slot in self.slots:
+            slot.source = None
+
+    def segment_bounds(self) -> List[int]:
+        """Tensor boundaries within the data region: [0, end_1, ..., data_size]."""
+        return [0] + [s.offset + s.nbytes for s in self.slots]
+
+
+def plan(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> Layout:
+    """Place the tensors (largest element size first) and size the padded header."""
+    order = sorted(entries, key=lambda e: -e.tensor.element_size())  # stable
+    slots, offset = [], 0
+    for entry in order:
+        t = entry.tensor
+        nbytes = t.numel() * t.element_size()
+        slots.append(Slot(entry.name, t.dtype, tuple(t.shape), offset, nbytes, t))
+        offset += nbytes
+    meta = dict(metadata)
+    raw = {s.name: [str(s.dtype), list(s.shape)] for s in slots if s.stored_as_bytes}
+    if raw:
+        meta["flashstream.dtypes"] = json.dumps(raw)
+    layout = Layout(slots, meta, 0, offset)
+    # Checksums are fixed-width hex, so the placeholder header has the final header's length.
+    unpadded = len(_header_json(layout, [0] * len(slots))) + _PREFIX.size
+    layout.header_size = -(-unpadded // HEADER_ALIGNMENT) * HEADER_ALIGNMENT
+    return layout
+
+
+def _header_json(layout: Layout, crcs: Sequence[int]) -> bytes:
+    meta = dict(layout.metadata)
+    meta["flashstream.checksums"] = json.dumps(
+        {s.name: f"{crc:08x}" for s, crc in zip(layout.slots, crcs)})
+    header: Dict[str, Any] = {"__metadata__": meta}
+    for s in layout.slots:
+        if s.stored_as_bytes:
+            dtype, shape = "U8", [s.nbytes]
+        else:
+            dtype, shape = _SAFETENSORS_NAMES[s.dtype], list(s.shape)
+        header[s.name] = {"dtype": dtype, "shape": shape,
+                                "data_offsets": [s.offset, s.offset + s.nbytes]}
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def header_bytes(layout: Layout, crcs: Sequence[int]) -> bytes:
+    """The first ``layout.header_size`` bytes of the file, with the tensors' checksums."""
+    body = _header_json(layout, crcs)
+    padded = body.ljust(layout.header_size - _PREFIX.size, b" ")
+    if len(padded) != layout.header_size - _PREFIX.size:
+        raise AssertionError("checkpoint header grew after layout")  # fixed-width checksums
+    return _PREFIX.pack(len(padded)) + padded
+
+
+@dataclasses.dataclass
+class StoredTensor:
+    """One tensor as the header describes it."""
+
+    name: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    begin: int  # absolute file offsets
+    end: int
+    crc: Optional[int]
+
+
+def parse_header(prefix: bytes, path: str, file_size: int
+                 ) -> Tuple[int, Dict[str, str], List[StoredTensor]]:
+    """(header_size, metadata, tensors) from the file's first bytes (at least the header).
+
+    Raises ValueError naming ``path`` and the offset of what is wrong.
+    """
+    if len(prefix) < _PREFIX.size:
+        raise ValueError(f"{path}: {file_size} bytes is too short for a checkpoint header")
+    (n,) = _PREFIX.unpack_from(prefix)
+    header_size = _PREFIX.size + n
+    if header_size > min(len(prefix), file_size):
+        raise ValueError(f"{path}: header length {n} at offset 0 runs past the end of the "
+                         f"file ({file_size} bytes)")
+    try:
+        header = json.loads(bytes(prefix[_PREFIX.size:header_size]))
+        metadata = header.pop("__metadata__", None) or {}
+        checksums = json.loads(metadata.get("flashstream.checksums", "{}"))
+        raw = json.loads(metadata.get("flashstream.dtypes", "{}"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: the header at offset 8 is not valid JSON ({err})") from None
+    tensors = []
+    for name, info in header.items():
+        try:
+            begin, end = (header_size + int(v) for v in info["data_offsets"])
+            if name in raw:
+                dtype, shape = torch_dtype(raw[name][0]), tuple(int(v) for v in raw[name][1])
+            else:
+                dtype, shape = torch_dtype(info["dtype"]), tuple(int(v) for v in info["shape"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: bad header entry for tensor {name!r}: {err}") from None
+        expected = math.prod(shape) * (torch.empty((), dtype=dtype).element_size())
+        if not header_size <= begin <= end <= file_size or end - begin != expected:
+            raise ValueError(f"{path}: tensor {name!r} claims bytes [{begin}, {end}) of a "
+                             f"{file_size}-byte file for shape {list(shape)} {dtype}")
+        crc = checksums.get(name)
+        tensors.append(StoredTensor(name, dtype, shape, begin, end,
+                                    int(crc, 16) if crc is not None else None))
+    return header_size, metadata, tensors

@@ -1,0 +1,187 @@
+"""The checkpoint directory: names, commit markers, the ``latest`` pointer, retention.
+
+::
+
+    <directory>/
+        step-000000100/
+            rank-00000-of-00002.safetensors     one file per rank
+            rank-00000-of-00002.done            that rank's commit marker (JSON)
+            rank-00001-of-00002.safetensors
+            rank-00001-of-00002.done
+        latest                                  "step-000000100": newest complete checkpoint
+
+A rank's file is written under a temporary name, synced, renamed, and the directory synced;
+only then is its marker written (the same way). A checkpoint is complete when every rank's
+marker exists, and only complete checkpoints are ever loaded: a crash at any moment leaves at
+worst an incomplete step directory or a temporary file, which later saves clean up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import List, Optional, Union
+
+__all__ = ["CheckpointInfo", "StepDir", "atomic_write_text", "fsync_dir", "list_checkpoints",
+           "newest_complete", "prune", "read_latest", "remove_stale_temporaries",
+           "write_latest"]
+
+PathLike = Union[str, os.PathLike]
+_STEP = re.compile(r"^step-(\d+)$")
+_MARKER = re.compile(r"^rank-(\d+)-of-(\d+)\.done$")
+TEMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Make renames and creations inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: temporary file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDir:
+    """Names inside one step's directory."""
+
+    root: Path
+    step: int
+
+    @property
+    def path(self) -> Path:
+        return self.root / f"step-{self.step:09d}"
+
+    def rank_file(self, rank: int, world_size: int) -> Path:
+        return self.path / f"rank-{rank:05d}-of-{world_size:05d}.safetensors"
+
+    def marker(self, rank: int, world_size: int) -> Path:
+        return self.path / f"rank-{rank:05d}-of-{world_size:05d}.done"
+
+    def temp_file(self, rank: int, world_size: int) -> Path:
+        final = self.rank_file(rank, world_size)
+        return final.with_name(f".{final.name}.{os.getpid()}{TEMP_SUFFIX}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """One step directory and whether every rank committed."""
+
+    step: int
+    path: Path
+    world_size: Optional[int]  # None when no rank has committed yet
+    committed_ranks: tuple
+
+    @property
+    def complete(self) -> bool:
+        return self.world_size is not None and len(self.committed_ranks) == self.world_size
+
+    @property
+    def missing_ranks(self) -> List[int]:
+        if self.world_size is None:
+            return []
+        return sorted(set(range(self.world_size)) - set(self.committed_ranks))
+
+    def rank_file(self, rank: int) -> Path:
+        assert self.world_size is not None
+        return StepDir(self.path.parent, self.step).rank_file(rank, self.world_size)
+
+    def marker(self, rank: int) -> dict:
+        """The rank's commit marker (file name, size, header checksum)."""
+        assert self.world_size is not None
+        path = StepDir(self.path.parent, self.step).marker(rank, self.world_size)
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def inspect_step(path: Path) -> Optional[CheckpointInfo]:
+    match = _STEP.match(path.name)
+    if not match or not path.is_dir():
+        return None
+    world: Optional[int] = None
+    ranks = set()
+    for name in os.listdir(path):
+        m = _MARKER.match(name)
+        if m:
+            rank, size = int(m.group(1)), int(m.group(2))
+            if world is None or size == world:  # markers of another world size: stale
+                world = size
+                ranks.add(rank)
+    return CheckpointInfo(int(match.group(1)), path, world, tuple(sorted(ranks)))
+
+
+def list_checkpoints(directory: PathLike) -> List[CheckpointInfo]:
+    """Every step directory under ``directory``, oldest first, complete or not."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = [inspect_step(root / name) for name in os.listdir(root)]
+    return sorted((c for c in found if c is not None), key=lambda c: c.step)
+
+
+def newest_complete(directory: PathLike) -> Optional[CheckpointInfo]:
+    complete = [c for c in list_checkpoints(directory) if c.complete]
+    return complete[-1] if complete else None
+
+
+def read_latest(directory: PathLike) -> Optional[str]:
+    try:
+        return (Path(directory) / "latest").read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def write_latest(directory: PathLike, info: CheckpointInfo) -> None:
+    atomic_write_text(Path(directory) / "latest", info.path.name + "\n")
+
+
+def remove_step(path: Path) -> None:
+    """Markers first, so a removal cut short leaves an incomplete step, never a broken one."""
+    for name in sorted(os.listdir(path)):
+        if _MARKER.match(name):
+            os.unlink(path / name)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(directory: PathLike, keep: Optional[int]) -> List[Path]:
+    """Keep the newest ``keep`` complete checkpoints; remove older ones and older incomplete
+    leftovers. Incomplete steps newer than the newest complete one may still be in progress
+    on other ranks and are left alone. Returns what was removed."""
+    checkpoints = list_checkpoints(directory)
+    complete = [c for c in checkpoints if c.complete]
+    if not complete:
+        return []
+    newest = complete[-1].step
+    keep_steps = {c.step for c in complete[-keep:]} if keep else {c.step for c in complete}
+    removed = []
+    for c in checkpoints:
+        if c.step in keep_steps or c.step >= newest:
+            continue
+        remove_step(c.path)
+        removed.append(c.path)
+    return removed
+
+
+def remove_stale_temporaries(directory: PathLike, rank: int) -> None:
+    """Delete temporary files a killed earlier run of this rank left behind."""
+    prefix = f".rank-{rank:05d}-of-"
+    for info in list_checkpoints(directory):
+        for name in os.listdir(info.path):
+            if name.startswith(prefix) and name.endswith(TEMP_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(info.path / name)

@@ -1,0 +1,156 @@
+"""Turning a nested state dict into tensors plus a JSON skeleton, and back.
+
+A training state dict mixes tensors with plain values in nested dicts, lists and tuples (a
+model's and an optimizer's state dicts, a scheduler's counters, RNG states, a stream's
+position). Tensors go into the safetensors data region; everything else, and the shape of the
+nesting, goes into one JSON "skeleton" kept in the header metadata, where each tensor appears
+as a reference to its name. Dict keys keep their types (an optimizer's state is keyed by int).
+
+Encoding of a value (JSON):
+    None, bool, int, float, str   as themselves (floats keep nan/inf)
+    {"T": name}                   a torch.Tensor (``"d"``: its device when not the CPU)
+    {"N": name}                   a numpy.ndarray (restored as one)
+    {"D": [[key, value], ...]}    a dict (keys encoded the same way)
+    {"L": [...]} / {"U": [...]}   a list / a tuple
+    {"B": base64}                 bytes
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import math
+from typing import Any, Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["TensorEntry", "flatten", "unflatten", "SUPPORTED_TYPES"]
+
+SUPPORTED_TYPES = ("torch.Tensor", "numpy.ndarray", "dict", "list", "tuple", "str", "int",
+                   "float", "bool", "None", "bytes")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclasses.dataclass
+class TensorEntry:
+    """One tensor of the state dict: where it is in the nesting and what it holds."""
+
+    name: str  # unique; the path of keys joined by "/"
+    tensor: torch.Tensor
+    key_path: str  # for error messages, e.g. "['optimizer']['state'][0]['exp_avg']"
+    numpy: bool = False  # came from a numpy array
+
+
+def _describe(path: Tuple[Any, ...]) -> str:
+    return "state_dict" + "".join(f"[{k!r}]" for k in path)
+
+
+def _unsupported(value: Any, path: Tuple[Any, ...], why: str = "") -> TypeError:
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return TypeError(f"{_describe(path)}: cannot checkpoint a {kind}{why}; supported types: "
+                     f"{', '.join(SUPPORTED_TYPES)}")
+
+
+def _check_tensor(t: torch.Tensor, path: Tuple[Any, ...]) -> None:
+    if t.layout != torch.strided:
+        raise _unsupported(t, path, f" with layout {t.layout} (only dense tensors)")
+    if t.is_quantized:
+        raise _unsupported(t, path, " that is quantized")
+    if t.device.type == "meta":
+        raise _unsupported(t, path, " on the meta device (it has no data)")
+    if getattr(t, "is_nested", False):
+        raise _unsupported(t, path, " that is nested")
+
+
+def _encode_key(key: Any, path: Tuple[Any, ...]) -> Any:
+    if isinstance(key, _SCALARS) and not (isinstance(key, float) and math.isnan(key)):
+        return key
+    if isinstance(key, tuple):
+        return {"U": [_encode_key(k, path) for k in key]}
+    raise TypeError(f"{_describe(path)}: cannot checkpoint a dict key of type "
+                    f"{type(key).__qualname__} ({key!r}); keys may be str, int, float, bool, "
+                    f"None or tuples of those")
+
+
+def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
+    """(skeleton, tensors) for ``state``; raises TypeError naming the key of anything else.
+
+    Nothing is copied: the entries hold the caller's tensors (numpy arrays as CPU tensors).
+    """
+    entries: List[TensorEntry] = []
+    used: set = set()
+    active: set = set()  # ids of the containers being walked (a cycle would recurse forever)
+
+    def name_for(path: Tuple[Any, ...]) -> str:
+        base = "/".join(str(k) for k in path) or "tensor"
+        name, n = base, 0
+        while name in used:  # "a/b" from {"a/b": x} and from {"a": {"b": y}}
+            n += 1
+            name = f"{base}~{n}"
+        used.add(name)
+        return name
+
+    def walk(value: Any, path: Tuple[Any, ...]) -> Any:
+        if isinstance(value, torch.Tensor):
+            _check_tensor(value, path)
+            name = name_for(path)
+            entries.append(TensorEntry(name, value, _describe(path)))
+            ref: Dict[str, Any] = {"T": name}
+            if value.device.type != "cpu":
+                ref["d"] = str(value.device)
+            return ref
+        if isinstance(value, np.ndarray):
+            if value.dtype.hasobject or value.dtype.kind not in "biufc":
+                raise _unsupported(value, path, f" of dtype {value.dtype} (numeric arrays only)")
+            name = name_for(path)
+            array = np.ascontiguousarray(value)
+            entries.append(TensorEntry(name, torch.from_numpy(array), _describe(path), True))
+            return {"N": name}
+        if isinstance(value, _SCALARS):
+            return value
+        if isinstance(value, (bytes, bytearray)):
+            return {"B": base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in active:
+                raise TypeError(f"{_describe(path)}: the state dict contains itself (a cycle)")
+            active.add(id(value))
+            try:
+                if isinstance(value, dict):
+                    return {"D": [[_encode_key(k, path), walk(v, path + (k,))]
+                                  for k, v in value.items()]}
+                items = [walk(v, path + (i,)) for i, v in enumerate(value)]
+                return {"L": items} if isinstance(value, list) else {"U": items}
+            finally:
+                active.discard(id(value))
+        raise _unsupported(value, path)
+
+    skeleton = walk(state, ())
+    return skeleton, entries
+
+
+def _decode_key(key: Any) -> Any:
+    if isinstance(key, dict):
+        return tuple(_decode_key(k) for k in key["U"])
+    return key
+
+
+def unflatten(skeleton: Any, tensor: Callable[[str, Dict[str, Any]], Any]) -> Any:
+    """Rebuild the nesting; ``tensor(name, ref)`` returns the value of each tensor reference."""
+
+    def build(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if "T" in node or "N" in node:
+            return tensor(node.get("T", node.get("N")), node)
+        if "D" in node:
+            return {_decode_key(k): build(v) for k, v in node["D"]}
+        if "L" in node:
+            return [build(v) for v in node["L"]]
+        if "U" in node:
+            return tuple(build(v) for v in node["U"])
+        if "B" in node:
+            return base64.b64decode(node["B"])
+        raise ValueError(f"unknown node in the checkpoint's structure: {sorted(node)}")
+
+    return build(skeleton)

@@ -1,0 +1,291 @@
+"""CheckpointWriter: snapshot a state dict, return to training, write it in the background.
+
+``save()`` blocks only while it copies the tensors into reused staging memory. A background
+thread then writes that memory as one file per rank with large aligned O_DIRECT requests,
+paced as configured, checksums every tensor, syncs, and commits by rename (see store.py for
+the directory protocol and format.py for the file format).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, List, Optional, Tuple, Union
+
+import numpy as np
+
+from .. import engine
+from ..telemetry.histogram import LatencyHistogram
+from .config import WriterConfig
+from .format import FORMAT_VERSION, Layout, header_bytes, plan
+from .report import SaveReport
+from .staging import StagingBuffer, snapshot
+from .store import (
+    StepDir,
+    atomic_write_text,
+    fsync_dir,
+    inspect_step,
+    prune,
+    remove_stale_temporaries,
+    write_latest,
+)
+from .structure import flatten
+
+__all__ = ["CheckpointWriter", "SaveHandle"]
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.05  # how often rank 0 looks for the other ranks' markers
+
+
+class SaveHandle:
+    """The pending result of one ``CheckpointWriter.save``."""
+
+    def __init__(self, step: int, future: Optional[Future], path: Optional[Path]) -> None:
+        self.step = step
+        self.path = path  # this rank's file once committed
+        self._future = future
+        self.observed = future is None
+
+    @property
+    def skipped(self) -> bool:
+        """True when the save was skipped because the previous one was still writing."""
+        return self._future is None
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def result(self, timeout: Optional[float] = None) -> Optional[SaveReport]:
+        """Wait for the write and commit; return its report (None when skipped).
+
+        Raises what the background write raised (``OSError`` for a full disk, ...).
+        """
+        if self._future is None:
+            return None
+        self.observed = True
+        return self._future.result(timeout)
+
+    def __repr__(self) -> str:
+        state = "skipped" if self.skipped else "done" if self.done() else "writing"
+        return f"SaveHandle(step={self.step}, {state})"
+
+
+def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """This process's rank and the world size: given, else torch.distributed's, else 0 of 1."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+    return rank, world_size
+
+
+class CheckpointWriter:
+    """Asynchronous, paced, crash-safe checkpoints of training state.
+
+    >>> writer = CheckpointWriter("ckpt", rate="auto", keep=2)
+    >>> handle = writer.save({"model": model.state_dict(), "optim": opt.state_dict()}, step=100)
+    >>> ...  # training goes on; the tensors may change now
+    >>> handle.result()  # optional: wait for this one (writer.close() waits for all)
+
+    Keyword arguments are those of :class:`WriterConfig` (rate, within, keep, if_busy,
+    chunk_size, queue_depth, engine, direct, commit_timeout, interval, adaptive), plus ``rank``
+    and ``world_size`` (default: torch.distributed's when initialized, else 0 of 1) and
+    ``pinned`` (staging in page-locked memory; default: when CUDA is available).
+    """
+
+    def __init__(self, directory: Union[str, os.PathLike], *, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, pinned: Optional[bool] = None,
+                 **options: Any) -> None:
+        self.config = WriterConfig(**options)
+        self.directory = Path(directory)
+        self.rank, self.world_size = _world(rank, world_size)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.directory, self.rank)
+        self._staging = StagingBuffer(pinned=pinned)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
+        self._pending: Optional[SaveHandle] = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.reports: List[SaveReport] = []
+        self.skipped = 0
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def save(self, state_dict: Any, step: int) -> SaveHandle:
+        """Snapshot ``state_dict`` now and write it in the background as checkpoint ``step``.
+
+        Returns once the snapshot is taken: the caller may then change its tensors. Raises
+        TypeError naming the key of anything that cannot be saved (before anything is
+        written), ValueError if ``step`` was already committed by this rank, and the error of
+        an earlier save that nobody collected with ``result()``.
+        """
+        if self._closed:
+            raise ValueError("save() on a closed CheckpointWriter")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        started = time.perf_counter()
+        previous = self._pending
+        if previous is not None and not previous.done():
+            if self.config.if_busy == "skip":
+                self.skipped += 1
+                return SaveHandle(step, None, None)
+            previous._future.exception()  # wait; the error surfaces below
+        self._raise_unobserved(previous)
+        waited = time.perf_counter() - started
+        if StepDir(self.directory, step).marker(self.rank, self.world_size).exists():
+            raise ValueError(f"step {step} is already committed in {self.directory}")
+        skeleton, entries = flatten(state_dict)
+        metadata = {"format": "pt", "flashstream.version": FORMAT_VERSION,
+                    "flashstream.structure": json.dumps(skeleton, separators=(",", ":")),
+                    "flashstream.step": str(step), "flashstream.rank": str(self.rank),
+                    "flashstream.world_size": str(self.world_size)}
+        layout = plan(entries, metadata)
+        del entries
+        snapshot(layout, self._staging)
+        layout.forget_sources()
+        stall = time.perf_counter() - started - waited
+        step_dir = StepDir(self.directory, step)
+        future = self._executor.submit(self._write, layout, step_dir, stall, waited)
+        handle = SaveHandle(step, future, step_dir.rank_file(self.rank, self.world_size))
+        future.add_done_callback(lambda f: self._on_done(f, step))
+        self._pending = handle
+        return handle
+
+    def _raise_unobserved(self, handle: Optional[SaveHandle]) -> None:
+        if handle is None or handle.observed or handle._future is None:
+            return
+        handle.observed = True
+        error = handle._future.exception()
+        if error is not None:
+            raise RuntimeError(f"checkpoint step {handle.step} failed in the background: "
+                               f"{error}") from error
+
+    def _on_done(self, future: Future, step: int) -> None:
+        if future.exception() is not None:
+            log.error("flashstream: checkpoint step %d failed: %s", step, future.exception())
+
+    # -- the background write ---------------------------------------------------------------
+
+    def _write(self, layout: Layout, step_dir: StepDir, stall: float,
+               waited: float) -> SaveReport:
+        cfg = self.config
+        step_dir.path.mkdir(parents=True, exist_ok=True)
+        fsync_dir(self.directory)
+        tmp = step_dir.temp_file(self.rank, self.world_size)
+        capacity = -(-layout.file_size // self._staging.alignment) * self._staging.alignment
+        rate = cfg.pacing(layout.data_size)
+        adaptive = dataclasses.asdict(cfg.adaptive) if cfg.rate == "auto" else None
+        try:
+            out = engine.open_output(tmp, capacity, engine=cfg.engine, direct=cfg.direct)
+        except BaseException:
+            _unlink(tmp)  # created, then the space reservation failed (ENOSPC)
+            raise
+        try:
+            data = out.write(self._staging.view(layout.header_size, capacity),
+                             layout.header_size, chunk_size=cfg.chunk_size,
+                             queue_depth=cfg.queue_depth, rate=rate, adaptive=adaptive,
+                             crc_bounds=layout.segment_bounds(), interval=cfg.interval)
+            header = header_bytes(layout, data["crcs"])
+            self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
+            head = out.write(self._staging.view(0, layout.header_size), 0,
+                             chunk_size=cfg.chunk_size, queue_depth=cfg.queue_depth)
+            sync_s = out.commit(layout.file_size)
+        except BaseException:
+            out.close()
+            _unlink(tmp)
+            raise
+        committed = time.perf_counter()
+        final = step_dir.rank_file(self.rank, self.world_size)
+        os.replace(tmp, final)
+        fsync_dir(step_dir.path)
+        marker = {"file": final.name, "size": layout.file_size, "step": step_dir.step,
+                  "rank": self.rank, "world_size": self.world_size,
+                  "header_crc32c": f"{engine.crc32c(header):08x}", "time": time.time()}
+        atomic_write_text(step_dir.marker(self.rank, self.world_size), json.dumps(marker))
+        if self.rank == 0:
+            self._finish_step(step_dir)
+        report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
+                              time.perf_counter() - committed)
+        with self._lock:
+            self.reports.append(report)
+        return report
+
+    def _finish_step(self, step_dir: StepDir) -> None:
+        """Rank 0: once every rank's marker is there, point ``latest`` at it and prune."""
+        deadline = time.monotonic() + self.config.commit_timeout
+        while True:
+            info = inspect_step(step_dir.path)
+            if info is not None and info.complete:
+                break
+            if time.monotonic() > deadline:
+                missing = info.missing_ranks if info else list(range(self.world_size))
+                raise TimeoutError(f"checkpoint step {step_dir.step}: ranks {missing} did not "
+                                   f"commit within {self.config.commit_timeout} s; the step "
+                                   f"stays incomplete")
+            time.sleep(_POLL_S)
+        write_latest(self.directory, info)
+        prune(self.directory, self.config.keep)
+
+    def _report(self, step: int, path: Path, layout: Layout, data: dict, head: dict,
+                stall: float, waited: float, sync_s: float, commit_s: float) -> SaveReport:
+        latency = LatencyHistogram(data["counts"], min_ns=data["min_ns"], max_ns=data["max_ns"],
+                                   sum_ns=data["sum_ns"])
+        cfg = self.config
+        return SaveReport(
+            step=step, path=path, bytes=layout.file_size, stall_s=stall, busy_wait_s=waited,
+            write_s=data["seconds"] + head["seconds"], sync_s=sync_s, commit_s=commit_s,
+            paused_s=data["paused"], rate_mode=cfg.rate_mode,
+            target_rate=cfg.pacing(layout.data_size), final_rate=data["final_rate"],
+            peak_rate=data["peak"], sustained_rate=data["sustained"], engine=data["engine"],
+            direct=data["direct"], chunk_size=cfg.chunk_size, queue_depth=cfg.queue_depth,
+            latency=latency, timeline=[tuple(row) for row in data["timeline"]])
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """True while a save is still being written."""
+        return self._pending is not None and not self._pending.done()
+
+    def wait(self) -> Optional[SaveReport]:
+        """Wait for the save in progress (if any); raise its error; return its report."""
+        handle = self._pending
+        return handle.result() if handle is not None else None
+
+    def close(self) -> None:
+        """Wait for every save, free the staging memory, and raise a background error that
+        nobody collected."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        self._staging.release()
+        self._raise_unobserved(self._pending)
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"CheckpointWriter({str(self.directory)!r}, rank={self.rank}/{self.world_size},"
+                f" rate={self.config.rate!r}, keep={self.config.keep})")
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+

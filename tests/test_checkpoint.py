@@ -1,0 +1,285 @@
+"""CheckpointWriter and load_checkpoint: round trips, format, retention, ranks, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import threading
+
+import pytest
+import torch
+from ckptgen import assert_same, every_kind, training_state
+
+from flashstream import CheckpointWriter, ChecksumError, list_checkpoints, load_checkpoint
+from flashstream.checkpoint import newest_complete
+
+
+def save_one(directory, state, step=1, **options):
+    with CheckpointWriter(directory, **options) as writer:
+        report = writer.save(state, step=step).result()
+    return report
+
+
+def test_round_trip_every_kind(tmp_path, engine):
+    state = every_kind(3)
+    report = save_one(tmp_path, state)
+    assert report.engine == engine and report.bytes == report.path.stat().st_size
+    assert_same(state, load_checkpoint(tmp_path))
+
+
+def test_round_trip_training_state(tmp_path):
+    state = training_state(5)
+    save_one(tmp_path, state)
+    loaded = load_checkpoint(tmp_path)
+    assert_same(state, loaded)
+    # What training does with it: both state dicts load back into fresh objects.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+    model.load_state_dict(loaded["model"])
+    torch.optim.Adam(model.parameters()).load_state_dict(loaded["optimizer"])
+
+
+def test_snapshot_holds_the_step_even_when_training_changes_tensors(tmp_path):
+    weights = torch.arange(1 << 20, dtype=torch.float32)
+    expected = weights.clone()
+    with CheckpointWriter(tmp_path, rate=32 << 20) as writer:  # slow: still writing below
+        handle = writer.save({"w": weights}, step=1)
+        weights.mul_(-1)  # the training step right after save() returned
+        assert not handle.done()
+        handle.result()
+    assert torch.equal(load_checkpoint(tmp_path)["w"], expected)
+
+
+def test_file_is_safetensors_with_an_aligned_data_region(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    state = training_state(1)
+    path = save_one(tmp_path, state).path
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert (8 + n) % 4096 == 0
+    header = json.loads(raw[8:8 + n])
+    assert header["__metadata__"]["format"] == "pt"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    assert len(raw) == 8 + n + max(ends)  # no padding left at the end
+    flat = safetensors.load_file(str(path))
+    assert torch.equal(flat["model/0.weight"], state["model"]["0.weight"])
+    assert torch.equal(flat["optimizer/state/0/exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+
+
+def test_loaded_tensors_are_views_of_one_read_buffer(tmp_path):
+    state = {"a": torch.randn(1000), "b": torch.randn(10, dtype=torch.float64),
+             "c": torch.arange(7, dtype=torch.int16)}
+    path = save_one(tmp_path, state).path
+    loaded = load_checkpoint(path)
+    header = json.loads(path.read_bytes()[8:8 + struct.unpack("<Q", path.read_bytes()[:8])[0]])
+    starts = {k: v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+    base = loaded["a"].data_ptr() - starts["a"]
+    for key in state:
+        assert loaded[key].data_ptr() - base == starts[key]  # same buffer, file layout
+        assert loaded[key].data_ptr() % loaded[key].element_size() == 0
+
+
+def test_plain_safetensors_file_loads_flat(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    tensors = {"x": torch.randn(3, 4), "y": torch.arange(5)}
+    safetensors.save_file(tensors, str(tmp_path / "plain.safetensors"))
+    loaded = load_checkpoint(tmp_path / "plain.safetensors")
+    assert_same(tensors, {k: loaded[k] for k in tensors})
+    assert sorted(loaded) == sorted(tensors)
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"model": {"w": torch.ones(2), "oops": {1, 2}}}, "['model']['oops']"),
+    ({"fn": lambda: 0}, "['fn']"),
+    ({"sparse": torch.ones(2, 2).to_sparse()}, "['sparse']"),
+    ({"meta": torch.empty(2, device="meta")}, "['meta']"),
+    ({"opt": [object()]}, "['opt'][0]"),
+    ({frozenset([1]): 1}, "dict key"),
+])
+def test_unsupported_values_raise_type_error_naming_the_key(tmp_path, bad, key):
+    with CheckpointWriter(tmp_path) as writer, pytest.raises(TypeError, match=re.escape(key)):
+        writer.save(bad, step=1)
+    assert list_checkpoints(tmp_path) == []  # nothing was written
+
+
+def test_cycles_are_refused(tmp_path):
+    state: dict = {"a": torch.ones(1)}
+    state["self"] = state
+    with CheckpointWriter(tmp_path) as writer, pytest.raises(TypeError, match="cycle"):
+        writer.save(state, step=1)
+
+
+@pytest.mark.parametrize("options", [
+    {"rate": "fast"}, {"rate": 0}, {"rate": -5}, {"keep": 0}, {"if_busy": "queue"},
+    {"chunk_size": 1000}, {"queue_depth": 0}, {"within": 0}, {"engine": "spdk"},
+])
+def test_bad_arguments_raise_value_error(tmp_path, options):
+    with pytest.raises(ValueError):
+        CheckpointWriter(tmp_path, **options)
+
+
+def test_bad_step_and_repeated_step(tmp_path):
+    with CheckpointWriter(tmp_path) as writer:
+        with pytest.raises(ValueError, match="step"):
+            writer.save({}, step=-1)
+        writer.save({"x": torch.ones(1)}, step=4).result()
+        with pytest.raises(ValueError, match="already committed"):
+            writer.save({"x": torch.ones(1)}, step=4)
+
+
+def test_keep_newest_and_latest_pointer(tmp_path):
+    with CheckpointWriter(tmp_path, keep=2) as writer:
+        for step in (10, 20, 30, 40):
+            writer.save(training_state(step), step=step)
+    steps = [c.step for c in list_checkpoints(tmp_path)]
+    assert steps == [30, 40]
+    assert (tmp_path / "latest").read_text().strip() == "step-000000040"
+    assert load_checkpoint(tmp_path)["step"] == 40
+    assert load_checkpoint(tmp_path / "step-000000030")["step"] == 30
+
+
+def test_if_busy_skip_and_wait(tmp_path):
+    big = {"w": torch.randn(4 << 20)}  # 16 MiB at 16 MiB/s: about a second of writing
+    with CheckpointWriter(tmp_path / "skip", rate=16 << 20, if_busy="skip") as writer:
+        first = writer.save(big, step=1)
+        second = writer.save(big, step=2)
+        assert second.skipped and second.result() is None and writer.skipped == 1
+        first.result()
+    assert [c.step for c in list_checkpoints(tmp_path / "skip")] == [1]
+    with CheckpointWriter(tmp_path / "wait", rate=16 << 20, if_busy="wait") as writer:
+        writer.save(big, step=1)
+        report = writer.save(big, step=2).result()
+        assert report.busy_wait_s > 0.3
+    assert [c.step for c in list_checkpoints(tmp_path / "wait")] == [1, 2]
+
+
+def test_report_figures(tmp_path):
+    report = save_one(tmp_path, {"w": torch.randn(3 << 20)}, chunk_size="1MiB", queue_depth=4)
+    assert report.bytes > 12 << 20 and report.gbps > 0 and report.stall_s > 0
+    assert report.latency.count >= 12 and report.rate_mode == "none"
+    assert sum(row[1] for row in report.timeline) >= 12 << 20
+    d = report.to_dict()
+    assert d["latency_us"]["p95"] > 0 and json.dumps(d)
+    assert "GB/s" in report.format_table()
+
+
+def test_within_spreads_the_write(tmp_path):
+    # 8 MiB in 1 MiB requests over 1 s: the pacer starts the last one after 7/8 s.
+    report = save_one(tmp_path, {"w": torch.randn(2 << 20)}, within=1.0, chunk_size="1MiB")
+    assert report.rate_mode == "fixed"
+    assert report.target_rate == pytest.approx((8 << 20) / 1.0, rel=0.01)
+    assert report.write_s > 0.7
+
+
+def test_checksum_error_names_the_tensor(tmp_path):
+    state = {"first": torch.randn(1000), "second": torch.randn(1000)}
+    path = save_one(tmp_path, state).path
+    header = json.loads(path.read_bytes()[8:8 + struct.unpack("<Q", path.read_bytes()[:8])[0]])
+    n = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    begin, _ = header["second"]["data_offsets"]
+    with open(path, "r+b") as f:
+        f.seek(8 + n + begin + 17)
+        byte = f.read(1)
+        f.seek(8 + n + begin + 17)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(ChecksumError, match="'second'") as info:
+        load_checkpoint(tmp_path)
+    assert info.value.tensor == "second" and str(path) in str(info.value)
+    assert load_checkpoint(tmp_path, verify=False)["first"].equal(state["first"])
+
+
+def test_checksum_error_for_a_flipped_header_byte(tmp_path):
+    path = save_one(tmp_path, {"w": torch.ones(8)}).path
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b'"shape":[8]') + len('"shape":[')
+    raw[at] = ord("4")  # still valid JSON, now lying about the shape
+    path.write_bytes(bytes(raw))
+    with pytest.raises((ChecksumError, ValueError), match="header|shape"):
+        load_checkpoint(tmp_path)
+
+
+def test_missing_and_incomplete_checkpoints(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        load_checkpoint(tmp_path)
+    # Rank 1 of 2 commits; rank 0 never does: the step is not complete and never loads.
+    with CheckpointWriter(tmp_path, rank=1, world_size=2) as writer:
+        writer.save({"x": torch.ones(1)}, step=7).result()
+    assert newest_complete(tmp_path) is None
+    with pytest.raises(FileNotFoundError, match=r"ranks \[0\]"):
+        load_checkpoint(tmp_path / "step-000000007")
+
+
+def test_ranks_commit_together(tmp_path):
+    errors = []
+
+    def rank(r):
+        try:
+            with CheckpointWriter(tmp_path, rank=r, world_size=3, commit_timeout=30) as w:
+                w.save({"rank": torch.tensor(r)}, step=1).result()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert newest_complete(tmp_path).world_size == 3
+    for r in range(3):
+        assert int(load_checkpoint(tmp_path, rank=r)["rank"]) == r
+    with pytest.raises(ValueError, match="rank 3"):
+        load_checkpoint(tmp_path, rank=3)
+
+
+def test_rank_zero_times_out_when_a_rank_never_commits(tmp_path):
+    with CheckpointWriter(tmp_path, rank=0, world_size=2, commit_timeout=0.3) as writer:
+        handle = writer.save({"x": torch.ones(1)}, step=1)
+        with pytest.raises(TimeoutError, match=r"ranks \[1\]"):
+            handle.result()
+    assert newest_complete(tmp_path) is None
+
+
+def test_buffered_fallback(no_direct_dir):
+    report = save_one(no_direct_dir, every_kind(1))
+    assert report.direct is False
+    assert_same(every_kind(1), load_checkpoint(no_direct_dir))
+
+
+def test_stale_temporaries_are_removed(tmp_path):
+    save_one(tmp_path, {"x": torch.ones(1)}, step=1)
+    stale = tmp_path / "step-000000001" / ".rank-00000-of-00001.safetensors.99999.tmp"
+    stale.write_bytes(b"partial")
+    save_one(tmp_path, {"x": torch.ones(1)}, step=2)
+    assert not stale.exists()
+
+
+def test_map_location_cpu_and_saved_device(tmp_path):
+    save_one(tmp_path, {"x": torch.ones(2)})
+    assert load_checkpoint(tmp_path, map_location="cpu")["x"].device.type == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_round_trip(tmp_path):
+    state = {"w": torch.randn(1 << 20, device="cuda"), "h": torch.randn(7, 3, device="cuda").t()}
+    expected = {k: v.clone() for k, v in state.items()}
+    with CheckpointWriter(tmp_path) as writer:
+        handle = writer.save(state, step=1)
+        state["w"].zero_()
+        handle.result()
+    loaded = load_checkpoint(tmp_path)
+    assert loaded["w"].is_cuda
+    assert_same(expected, loaded)
+    assert_same({k: v.cpu() for k, v in expected.items()},
+                load_checkpoint(tmp_path, map_location="cpu"))
+
+
+def test_env_engine_python_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHSTREAM_ENGINE", "python")
+    report = save_one(tmp_path, training_state(2))
+    assert report.engine == "python"
+    assert_same(training_state(2), load_checkpoint(tmp_path))
+    assert os.listdir(tmp_path / "step-000000001")
