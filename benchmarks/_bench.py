@@ -114,6 +114,25 @@ def fio_sequential_read(files: Sequence[Path]) -> Optional[Dict[str, float]]:
     return run_fio(files, rw="read", bs="1M", iodepth=32)
 
 
+def fio_sequential_write(path: Path, nbytes: int) -> Optional[Dict[str, object]]:
+    """fio --direct=1 --rw=write --bs=8M --iodepth=8 --end_fsync=1 of ``nbytes``, twice: into
+    a new file at ``path`` (what a checkpoint writer does), then over the file just written
+    (no allocation left to do); removed afterwards. The figures are the faster run's (fio into
+    a new file is often the slower one), both runs kept as ``new_file`` and ``overwrite``.
+    None without fio or when the runs are too short for fio to time."""
+    size = -(-max(int(nbytes), 1) // (8 << 20)) * (8 << 20)  # whole requests
+    path.unlink(missing_ok=True)
+    try:
+        new, over = (run_fio([path], rw="write", bs="8M", iodepth=8, end_fsync=True, size=size)
+                     for _ in range(2))
+    finally:
+        path.unlink(missing_ok=True)
+    runs = [r for r in (new, over) if r]
+    if not runs:
+        return None
+    return {**max(runs, key=lambda r: r["gbps"]), "new_file": new, "overwrite": over}
+
+
 # -- device probe -------------------------------------------------------------------------------
 def run_probe(directory: Path, size: str) -> Optional[ProbeResult]:
     """The drive's own figures (cached per device and size); None, with a note, if it fails."""
@@ -143,14 +162,14 @@ def probe_summary(result: Optional[ProbeResult]) -> Optional[Dict[str, object]]:
             "points": full["points"]}
 
 
-def format_probe(result: ProbeResult) -> str:
-    best = result.best("read")
+def format_probe(result: ProbeResult, op: str = "read") -> str:
+    best = result.best(op)
     size = format_size(int(result.config.get("size", 0)))
     head = (f"probe of {result.device.get('name')} ({size} file, "
             f"{'cached' if result.cached else 'measured now'}): ")
     if best is None:
-        return head + "no sequential read figure"
-    return (head + f"best sequential read {best.gbps:.3f} GB/s "
+        return head + f"no sequential {op} figure"
+    return (head + f"best sequential {op} {best.gbps:.3f} GB/s "
             f"({format_size(best.block_size)} x {best.queue_depth})")
 
 

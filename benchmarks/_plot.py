@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""The epoch benchmark's figure, drawn from its JSON alone (so any saved run can be re-drawn).
+"""The benchmarks' figures, drawn from their JSON alone (so any saved run can be re-drawn).
 
+epoch.py:
 One row per profile: (1) read throughput over time as the device counted it, for the cold
 ShardStream and cold webdataset epochs of the median round, with the probe's best sequential
 read and fio's GB/s as horizontal lines; (2) the request-latency CDF of ShardStream's cold
 epochs, with the probe's p95 at the nearest request shape marked.
 
+checkpoint.py: write GB/s over time per writer, the stall per save, and (with --reader) the
+reader's p95 beside each writer; see plot_checkpoint.
+
     python benchmarks/_plot.py bench-results/epoch.json bench-results/epoch.png
+    python benchmarks/_plot.py bench-results/checkpoint.json bench-results/checkpoint.png
 """
 
 from __future__ import annotations
@@ -177,8 +182,108 @@ def _plain_log_labels(axis) -> None:
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
+# -- checkpoint.py ------------------------------------------------------------------------------
+WRITER_COLORS = {"torch.save": "tab:orange", "dcp": "tab:purple", "unpaced": "tab:blue",
+                 "fixed": "tab:green", "auto": "tab:red"}
+
+
+def plot_checkpoint(payload: Dict[str, object], path: Path) -> Optional[Path]:
+    """Draw checkpoint.py's figure from its JSON payload: (1) write GB/s over time of each
+    writer's last save (CheckpointWriter from its SaveReport timeline, with the pacing rate in
+    force dashed; torch.save and dcp from the device counters), with fio's sequential write;
+    (2) the stall per save; (3) with --reader, the reader's p95 request latency beside each
+    writer against idle. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    writers = {k: v for k, v in payload["writers"].items() if "error" not in v}
+    reader = any(v.get("reader") for v in writers.values())
+    fig, axes = plt.subplots(1, 3 if reader else 2, figsize=(18 if reader else 13, 4.8),
+                             gridspec_kw={"width_ratios": [2.2, 1, 1][:3 if reader else 2]})
+    _write_timelines(axes[0], writers, payload.get("fio") or {})
+    _stalls(axes[1], writers)
+    if reader:
+        _reader_p95(axes[2], writers, payload.get("reader_idle") or {})
+    env, config = payload["environment"], payload["config"]
+    fig.suptitle(f"Checkpoint saves of {format_size(int(env.get('state_bytes') or 0))} "
+                 f"({env.get('tensors')} tensors) on {env.get('device_name') or env['device']} "
+                 f"({env.get('device_model') or 'unknown model'}), engine {env['engine']}, "
+                 f"{config['saves']} saves per writer", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _write_timelines(ax, writers: Dict[str, Dict], fio: Dict[str, object]) -> None:
+    for name, result in writers.items():
+        save = result["saves"][-1]
+        points = save.get("write_timeline") or []
+        color = WRITER_COLORS.get(name)
+        if points:
+            ts = [save.get("write_start_s", 0.0)] + [p[0] for p in points]
+            ax.step(ts, [points[0][1]] + [p[1] for p in points], where="pre", color=color,
+                    label=f"{result['label']} ({save['gbps']:.2f} GB/s end to end)")
+        rates = [r for r in save.get("rate_timeline") or [] if r[1] > 0]
+        if rates:
+            ax.step([r[0] for r in rates], [r[1] for r in rates], where="pre", color=color,
+                    linestyle="--", linewidth=0.9, alpha=0.7)
+    if fio.get("gbps"):
+        ax.axhline(fio["gbps"], color=COLORS["fio"], linestyle=":",
+                   label=f"fio sequential write ({fio['gbps']:.2f} GB/s)")
+    ax.set_xlabel("seconds since the save was called (last save of each writer)")
+    ax.set_ylabel("write GB/s")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title("write throughput over time (CheckpointWriter: its own timeline, pacing rate "
+                 "dashed; others: device counters)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+
+def _stalls(ax, writers: Dict[str, Dict]) -> None:
+    names = list(writers)
+    xs = range(len(names))
+    first = [writers[n]["stall_first_s"] * 1e3 for n in names]
+    later = [writers[n]["stall_s"] * 1e3 for n in names]
+    ax.bar([x - 0.2 for x in xs], first, width=0.4, color="lightgray", label="first save")
+    ax.bar([x + 0.2 for x in xs], later, width=0.4,
+           color=[WRITER_COLORS.get(n, "tab:gray") for n in names], label="median of the others")
+    ax.set_xticks(list(xs), [writers[n]["label"].replace("CheckpointWriter", "CW") for n in names],
+                  rotation=20, fontsize=7, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("stall (ms, log scale)")
+    ax.set_title("training stall per save", fontsize=10)
+    ax.grid(alpha=0.3, axis="y", which="both")
+    ax.legend(fontsize=7)
+
+
+def _reader_p95(ax, writers: Dict[str, Dict], idle: Dict[str, object]) -> None:
+    names = [n for n in writers if writers[n].get("reader")]
+    values = [writers[n]["reader"]["p95_us"] / 1e3 for n in names]
+    ax.bar(range(len(names)), values, color=[WRITER_COLORS.get(n, "tab:gray") for n in names])
+    if idle.get("p95_us"):
+        ax.axhline(idle["p95_us"] / 1e3, color="black", linestyle="--",
+                   label=f"idle ({idle['p95_us'] / 1e3:.1f} ms)")
+        ax.legend(fontsize=7)
+    ax.set_xticks(range(len(names)),
+                  [writers[n]["label"].replace("CheckpointWriter", "CW") for n in names],
+                  rotation=20, fontsize=7, ha="right")
+    ax.set_ylabel("p95 read-request latency (ms)")
+    ax.set_title("cold ShardStream epochs beside each save", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+
+
+PLOTS = {"epoch": plot_epoch, "checkpoint": plot_checkpoint}
+
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit("usage: _plot.py EPOCH_JSON OUT_PNG")
-    out = plot_epoch(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
+        raise SystemExit("usage: _plot.py EPOCH_OR_CHECKPOINT_JSON OUT_PNG")
+    data = json.loads(Path(sys.argv[1]).read_text())
+    out = PLOTS["checkpoint" if "writers" in data else "epoch"](data, Path(sys.argv[2]))
     print(out or "matplotlib is not installed: pip install matplotlib")

@@ -78,6 +78,48 @@ def test_epoch_benchmark_on_existing_data(tmp_path):
         assert (tmp_path / "plots" / "o.png").stat().st_size > 0
 
 
+def test_checkpoint_benchmark_runs_every_writer(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the probe's cache
+    out_json = tmp_path / "checkpoint.json"
+    out = run(ROOT / "benchmarks" / "checkpoint.py", "--dir", tmp_path / "ckpt", "--size",
+              "48MiB", "--saves", "2", "--probe-size", "16MiB", "--reader", "--reader-size",
+              "8MiB", "--json", out_json)
+    assert "targets:" in out and "SaveReport" in out
+    result = json.loads(out_json.read_text())
+    assert result["environment"]["state_bytes"] == pytest.approx(48 << 20, rel=0.01)
+    assert result["reader_idle"]["p95_us"] > 0 and result["reader_idle"]["epochs"] == 3
+    writers = result["writers"]
+    assert list(writers) == ["torch.save", "dcp", "unpaced", "fixed", "auto"]
+    for name, writer in writers.items():
+        assert "error" not in writer, (name, writer)
+        assert len(writer["saves"]) == 2
+        assert writer["stall_first_s"] > 0 and writer["stall_s"] > 0 and writer["gbps"] > 0
+        assert writer["bytes"] >= result["environment"]["state_bytes"]
+        reader = writer["reader"]
+        assert reader["epochs"] >= 1 and reader["p95_us"] > 0 and reader["p95_vs_idle"] > 0
+        assert reader["save"]["gbps"] > 0
+        assert writer["saves"][-1]["write_timeline"], name
+    assert writers["torch.save"]["durable_stall_s"] >= writers["torch.save"]["stall_s"]
+    for name in ("unpaced", "fixed", "auto"):
+        report = writers[name]["saves"][-1]["report"]
+        assert report["rate_mode"] == {"unpaced": "none"}.get(name, name)
+        assert report["latency_us"]["count"] > 0 and report["timeline"]
+        assert report["probe"]["best_write_gbps"] > 0  # SaveReport.compare(probe)
+    fixed = writers["fixed"]
+    assert fixed["target_rate"] == pytest.approx(writers["unpaced"]["gbps"] * 1e9 / 2, rel=0.01)
+    assert fixed["rate_accuracy"] > 0
+    # peak_rate stays 0 when a write is shorter than one 0.1 s window, as at this size
+    assert writers["auto"]["peak_rate"] >= 0 and isinstance(writers["auto"]["cliff"], bool)
+    if result["fio"]["gbps"] is not None:  # fio installed, and the run long enough to time
+        assert writers["unpaced"]["gbps_vs_fio"] > 0
+    assert {"value", "target", "met"} <= set(next(iter(result["targets"].values())))
+    left = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert left == ["reader-100KB-8388608"]  # every checkpoint and fio file removed
+    png = tmp_path / "checkpoint.png"  # beside the JSON by default
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
 def test_cli_scan_and_info(tmp_path, capsys):
     good = write_tar(tmp_path / "a.tar", make_samples(12))
     assert cli_main(["scan", str(good), "--json"]) == 0

@@ -29,9 +29,13 @@ def fio_version() -> Optional[str]:
 
 def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iodepth: int = 32,
             ioengine: Optional[str] = None, end_fsync: bool = False,
+            size: Optional[Union[int, str]] = None,
             timeout: float = 600) -> Optional[Dict[str, object]]:
     """fio over ``files`` one after another with O_DIRECT; None when fio is not installed or
-    the run was too short for fio to time. Returns seconds, bytes, gbps, iops, the command."""
+    the run was too short for fio to time. Returns seconds, bytes, gbps, iops, the command.
+
+    ``size`` (bytes, or fio's own notation such as ``"2g"``) is what fio moves per file; fio
+    creates a missing file of that size, so a write needs no file made beforehand."""
     if rw not in RW:
         raise ValueError(f"rw must be one of {', '.join(RW)}, got {rw!r}")
     fio = shutil.which("fio")
@@ -45,6 +49,8 @@ def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iode
            "--file_service_type=sequential", "--output-format=json"]
     if end_fsync:
         cmd.append("--end_fsync=1")
+    if size is not None:
+        cmd.append(f"--size={size}")
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise RuntimeError(f"fio failed ({' '.join(cmd)}): {result.stderr.strip()}")

@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""Checkpoint saves: torch.save vs torch.distributed.checkpoint.async_save vs CheckpointWriter.
+
+    python benchmarks/checkpoint.py         # a 2 GiB state dict into bench-data/checkpoint
+    python benchmarks/checkpoint.py --dir /mnt/plc/ckpt --size 8GiB --reader
+    python benchmarks/checkpoint.py --writers unpaced,fixed --rate 1GB --saves 5
+
+The same generated state dict (Linear layers plus a real Adam state) is saved --saves times by
+each writer, the tensors changed between saves as a training step would. Per writer: the
+training stall (the first save, which faults staging memory in, apart; then the median of the
+others), the end-to-end write GB/s and its ratio to fio's sequential write of the same size
+(run right before and right after the unpaced CheckpointWriter), pacing accuracy, and with
+--reader the p95 request latency of cold ShardStream epochs run beside one more save, against
+their idle p95. A table and the targets go to stdout, everything to JSON, and write GB/s over
+time per writer to a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+import _plot  # noqa: E402
+import _savers  # noqa: E402
+
+from flashstream.sizes import format_size, parse_size  # noqa: E402
+
+WRITERS = ("torch.save", "dcp", "unpaced", "fixed", "auto")
+STALL_SHARE = 1 / 20     # CheckpointWriter's stall at most this share of torch.save's
+FIO_SHARE = 0.85         # unpaced CheckpointWriter's GB/s at least this share of fio's
+RATE_TOLERANCE = 0.05    # a paced write's achieved rate within this of the target
+IDLE_EPOCHS = 3          # idle reader epochs (their latencies merged)
+
+
+# -- one writer ---------------------------------------------------------------------------------
+def measure(saver, state: _savers.TrainingState, args, reader: Optional[_savers.Reader],
+            first_step: int) -> Dict[str, object]:
+    """--saves saves one after another (the tensors changed between them), then with --reader
+    one more with ShardStream epochs beside it. Each save's output is evicted and deleted
+    before the next."""
+    saves: List[Dict[str, object]] = []
+    step = first_step
+    total = args.saves + (reader is not None)
+    with tqdm(total=total, desc=saver.label, unit="save", leave=False, disable=None) as bar:
+        for i in range(args.saves):
+            if i:
+                state.mutate()
+            run = saver.save(step).result()
+            saves.append({"step": step, **saver.figures(run, step)})
+            _savers.settle(saver.outputs(step))
+            step += 1
+            bar.update(1)
+        result = summarize(saves)
+        if reader is not None:
+            state.mutate()
+            bar.set_postfix_str("with the reader")
+            run = saver.save(step, background=True)
+            beside = reader.beside(run)
+            beside["save"] = saver.figures(run, step)
+            _savers.settle(saver.outputs(step))
+            result["reader"] = beside
+            bar.update(1)
+    result["label"] = saver.label
+    return result
+
+
+def summarize(saves: List[Dict[str, object]]) -> Dict[str, object]:
+    """The first save apart; the median of the later ones (the first one alone if only one)."""
+    later = saves[1:] or saves
+
+    def median(field: str) -> Optional[float]:
+        values = [s[field] for s in later if s.get(field) is not None]
+        return statistics.median(values) if values else None
+
+    out = {"stall_first_s": saves[0]["stall_s"], "stall_s": median("stall_s"),
+           "gbps": median("gbps"), "write_s": median("write_s"), "bytes": saves[-1]["bytes"]}
+    for field in ("durable_stall_s", "achieved_rate", "target_rate", "rate_accuracy"):
+        if saves[0].get(field) is not None:
+            out[field] = median(field)
+    report = saves[-1].get("report")
+    if report and report.get("rate_mode") == "auto":
+        out.update(peak_rate=report["peak_rate"], sustained_rate=report["sustained_rate"],
+                   final_rate=report["final_rate"], cliff=report["sustained_rate"] > 0)
+    out["saves"] = saves
+    return out
+
+
+def make_saver(name: str, args, state, device, probe, rate: Optional[float]):
+    where = args.dir / name.replace(".", "_")
+    if name == "torch.save":
+        return _savers.TorchSave(where, state, device)
+    if name == "dcp":
+        return _savers.DcpAsyncSave(where, state, device)
+    options = {"chunk_size": args.chunk_size, "queue_depth": args.queue_depth}
+    if args.engine:
+        options["engine"] = args.engine
+    return _savers.Flashstream(where, state, device, mode=name,
+                               rate={"unpaced": None, "auto": "auto"}.get(name, rate),
+                               probe=probe, **options)
+
+
+def fio_write(args, nbytes: int, when: str) -> Optional[Dict[str, object]]:
+    if args.no_fio:
+        return None
+    with tqdm(desc=f"fio sequential write ({when})", leave=False, disable=None, total=1) as bar:
+        result = _bench.fio_sequential_write(args.dir / "fio-write.tmp", nbytes)
+        bar.update(1)
+    _savers.settle([])
+    return result
+
+
+def run_all(args, state, info, probe, reader) -> Dict[str, object]:
+    results: Dict[str, object] = {}
+    baseline: Dict[str, object] = {}
+    device = info.get("device_name")
+    step = 1
+    for name in args.writers:
+        rate = None
+        if name == "fixed":
+            rate = args.rate or fixed_rate(results)
+            if rate is None:
+                results[name] = {"error": "no --rate and no unpaced figure to take half of"}
+                continue
+        if name == "unpaced":
+            baseline["before"] = fio_write(args, state.tensor_bytes, "before")
+        try:
+            saver = make_saver(name, args, state, device, probe, rate)
+        except Exception as e:  # dcp without torch.distributed, say: recorded, and on we go
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name}: cannot run ({results[name]['error']})", file=sys.stderr)
+            continue
+        try:
+            results[name] = measure(saver, state, args, reader, step)
+            if getattr(saver, "process_group", None):
+                results[name]["process_group"] = saver.process_group
+        except Exception as e:
+            traceback.print_exc()
+            results[name] = {"label": saver.label, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            saver.close()
+        step += args.saves + 1
+        if name == "unpaced":
+            baseline["after"] = fio_write(args, state.tensor_bytes, "after")
+    runs = [r["gbps"] for r in baseline.values() if r]
+    baseline["gbps"] = statistics.mean(runs) if runs else None
+    return {"writers": results, "fio": baseline}
+
+
+def fixed_rate(results: Dict[str, object]) -> Optional[float]:
+    """Half the unpaced writer's measured GB/s, in bytes/s."""
+    gbps = results.get("unpaced", {}).get("gbps")
+    return gbps * 1e9 / 2 if gbps else None
+
+
+# -- figures and targets ------------------------------------------------------------------------
+def ratios(out: Dict[str, object], idle: Optional[Dict[str, object]]) -> None:
+    """Add each writer's ratio to fio, to torch.save's stall and of the reader's p95."""
+    fio = out["fio"]["gbps"]
+    torch_stall = out["writers"].get("torch.save", {}).get("stall_s")
+    for result in out["writers"].values():
+        if "error" in result:
+            continue
+        result["gbps_vs_fio"] = result["gbps"] / fio if fio else None
+        result["stall_vs_torch_save"] = (result["stall_s"] / torch_stall
+                                         if torch_stall else None)
+        beside = result.get("reader")
+        if beside and idle and idle.get("p95_us") and beside.get("p95_us"):
+            beside["p95_vs_idle"] = beside["p95_us"] / idle["p95_us"]
+
+
+def table(out: Dict[str, object]) -> None:
+    rows = []
+    for name, r in out["writers"].items():
+        if "error" in r:
+            rows.append({"writer": r.get("label", name), "stall first ms": r["error"][:60]})
+            continue
+        row = {"writer": r["label"], "stall first ms": r["stall_first_s"] * 1e3,
+               "stall ms": r["stall_s"] * 1e3, "vs torch.save": _share(r["stall_vs_torch_save"]),
+               "write GB/s": r["gbps"], "vs fio": r["gbps_vs_fio"],
+               "rate accuracy": r.get("rate_accuracy"),
+               "reader p95 ms": _get(r, "reader", "p95_us", scale=1e-3),
+               "p95 vs idle": _get(r, "reader", "p95_vs_idle")}
+        rows.append(row)
+        if name == "torch.save":
+            rows.append({**row, "writer": "torch.save + fsync",
+                         "stall first ms": r["saves"][0]["durable_stall_s"] * 1e3,
+                         "stall ms": r["durable_stall_s"] * 1e3, "vs torch.save": None,
+                         "reader p95 ms": None, "p95 vs idle": None})
+    columns = ["writer", "stall first ms", "stall ms", "vs torch.save", "write GB/s", "vs fio",
+               "rate accuracy", "reader p95 ms", "p95 vs idle"]
+    if not any(r.get("reader p95 ms") for r in rows):
+        columns = columns[:-2]
+    print()
+    _bench.print_table(rows, columns)
+    fio = out["fio"]
+    if fio["gbps"]:
+        runs = " and ".join(f"{fio[k]['gbps']:.3f}" for k in ("before", "after") if fio.get(k))
+        print(f"  fio sequential write (8 MiB x 8, O_DIRECT, end_fsync; the faster of a new and "
+              f"an overwritten file): {fio['gbps']:.3f} GB/s (mean of {runs})")
+    auto = out["writers"].get("auto", {})
+    if "peak_rate" in auto:
+        print(f"  auto: peak {auto['peak_rate'] / 1e9:.3f} GB/s, " + (
+            f"cliff seen: sustained {auto['sustained_rate'] / 1e9:.3f} GB/s, paced at "
+            f"{auto['final_rate'] / 1e9:.3f} GB/s" if auto["cliff"] else "no cliff seen"))
+    for name in ("unpaced", "fixed", "auto"):
+        saves = out["writers"].get(name, {}).get("saves")
+        if saves:
+            print(f"\nCheckpointWriter {name}, last save, SaveReport:")
+            print("  " + saves[-1]["report_table"].replace("\n", "\n  "))
+
+
+def _share(value: Optional[float]) -> Optional[str]:
+    if value is None:
+        return None
+    return f"1/{1 / value:,.1f}" if value < 0.5 else f"{value:.2f}x"
+
+
+def _get(result: Dict[str, object], *keys: str, scale: float = 1.0) -> Optional[float]:
+    for key in keys:
+        result = (result or {}).get(key)
+    return None if result is None else result * scale
+
+
+def check_targets(out: Dict[str, object]) -> Dict[str, object]:
+    writers = out["writers"]
+    ours = {k: v for k, v in writers.items() if k in ("unpaced", "fixed", "auto")
+            and "error" not in v}
+    verdicts: Dict[str, object] = {}
+    stalls = [v["stall_vs_torch_save"] for v in ours.values()
+              if v.get("stall_vs_torch_save") is not None]
+    if stalls:
+        verdicts["CheckpointWriter stall / torch.save blocking time (worst writer)"] = {
+            "value": max(stalls), "target": f"<= {STALL_SHARE:.2f}",
+            "met": max(stalls) <= STALL_SHARE}
+    unpaced = ours.get("unpaced", {}).get("gbps_vs_fio")
+    if unpaced is not None:
+        verdicts["unpaced CheckpointWriter GB/s / fio sequential write GB/s"] = {
+            "value": unpaced, "target": f">= {FIO_SHARE}", "met": unpaced >= FIO_SHARE}
+    accuracy = ours.get("fixed", {}).get("rate_accuracy")
+    if accuracy is not None:
+        verdicts["paced CheckpointWriter achieved rate / target rate"] = {
+            "value": accuracy, "target": f"1 +- {RATE_TOLERANCE}",
+            "met": abs(accuracy - 1) <= RATE_TOLERANCE}
+    if verdicts:
+        print("\ntargets:")
+        for label, v in verdicts.items():
+            print(f"  {'met    ' if v['met'] else 'NOT met'}  {label}: {v['value']:.3f} "
+                  f"(target {v['target']})")
+    return verdicts
+
+
+# -- command line -------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", type=Path, default=Path("bench-data/checkpoint"),
+                   help="where the checkpoints go (on the drive under test)")
+    p.add_argument("--size", default="2GiB", help="tensor bytes of the state dict")
+    p.add_argument("--saves", type=int, default=3,
+                   help="saves per writer; the first one is reported apart (default 3)")
+    p.add_argument("--writers", default=",".join(WRITERS),
+                   help=f"which to run, from {', '.join(WRITERS)} (dcp: "
+                        f"torch.distributed.checkpoint.async_save; unpaced, fixed, auto: "
+                        f"CheckpointWriter's rate settings)")
+    p.add_argument("--rate", default=None,
+                   help="the fixed writer's rate in bytes/s, e.g. 500MB (default: half the "
+                        "unpaced writer's measured GB/s)")
+    p.add_argument("--chunk-size", default="8MiB", help="CheckpointWriter's request size")
+    p.add_argument("--queue-depth", type=int, default=8, help="CheckpointWriter's depth")
+    p.add_argument("--engine", default=None, help="auto, uring, threads or python")
+    p.add_argument("--reader", action="store_true",
+                   help="run cold ShardStream epochs beside one more save of each writer and "
+                        "compare their p95 request latency with idle epochs")
+    p.add_argument("--reader-size", default="1GiB", help="bytes of the reader's shards")
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the drive with the device probe (cached per device) and "
+                        "attach its write figures to every SaveReport (default: on)")
+    p.add_argument("--probe-size", default="1GiB", help="the probe's temporary file size")
+    p.add_argument("--no-fio", action="store_true", help="leave out fio's sequential write")
+    p.add_argument("--json", type=Path, default=Path("bench-results/checkpoint.json"))
+    p.add_argument("--plot", type=Path, default=None,
+                   help="PNG of write GB/s over time per writer (default: beside the JSON)")
+    args = p.parse_args(argv)
+    if args.saves < 1:
+        p.error("--saves must be at least 1")
+    args.writers = [w.strip() for w in args.writers.split(",") if w.strip()]
+    unknown = set(args.writers) - set(WRITERS)
+    if unknown or not args.writers:
+        p.error(f"unknown writer(s) {sorted(unknown)}; choose from {', '.join(WRITERS)}")
+    if "fixed" in args.writers and args.rate is None and "unpaced" not in args.writers:
+        p.error("the fixed writer needs --rate when the unpaced writer does not run")
+    args.size = parse_size(args.size, name="--size")
+    args.rate = float(parse_size(args.rate, name="--rate")) if args.rate else None
+    args.plot = args.plot or args.json.with_suffix(".png")
+    return args
+
+
+def start_reader(args):
+    if not args.reader:
+        return None, None
+    total = parse_size(args.reader_size, name="--reader-size")
+    with tqdm(desc="writing reader shards", unit="shard", leave=False, disable=None) as bar:
+        paths = _bench.write_synthetic_shards(
+            args.dir / f"reader-100KB-{total}", sample_size=100_000, total_bytes=total,
+            shard_bytes=min(128 << 20, max(total // 4, 1 << 20)), progress=bar)
+    reader = _savers.Reader(paths)
+    with tqdm(desc="reader, idle", total=1, leave=False, disable=None) as bar:
+        idle = reader.idle(IDLE_EPOCHS)
+        bar.update(1)
+    print(f"reader: {len(paths)} shards, {format_size(sum(p.stat().st_size for p in paths))}; "
+          f"idle cold epochs ({idle['epochs']}): p95 request latency {idle['p95_us']:,.0f} us, "
+          f"{idle['gbps']:.3f} GB/s")
+    return reader, idle
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    info = _bench.environment(args.dir)
+    if info["fio"] is None and not args.no_fio:
+        print("fio is not installed: no drive baseline (apt-get install -y fio)", file=sys.stderr)
+        args.no_fio = True
+    with tqdm(desc="building the state dict", total=1, leave=False, disable=None) as bar:
+        state = _savers.TrainingState(args.size)
+        bar.update(1)
+    import torch
+
+    info.update(torch=torch.__version__, **state.describe(), saves=args.saves,
+                reader_size=args.reader_size if args.reader else None)
+    _bench.print_header(info)
+    print(f"state dict: {format_size(state.tensor_bytes)} in {len(state.tensors)} tensors "
+          f"({len(state.model)} Linear layers of width {state.width}, Adam after one step)")
+    probe = _bench.run_probe(args.dir, args.probe_size) if args.probe else None
+    if probe is not None:
+        print(_bench.format_probe(probe, "write"))
+    reader, idle = start_reader(args)
+    out = run_all(args, state, info, probe, reader)
+    ratios(out, idle)
+    table(out)
+    verdicts = check_targets(out)
+    payload = {"environment": info, "probe": _bench.probe_summary(probe),
+               "config": {"size": args.size, "saves": args.saves, "rate": args.rate,
+                          "chunk_size": args.chunk_size, "queue_depth": args.queue_depth,
+                          "writers": args.writers},
+               "fio": out["fio"], "reader_idle": idle, "writers": out["writers"],
+               "targets": verdicts}
+    print(f"\nJSON: {_bench.write_json(args.json, payload)}")
+    plot = _plot.plot_checkpoint(payload, args.plot)
+    print(f"plot: {plot}" if plot else "plot skipped: matplotlib is not installed "
+                                       "(pip install matplotlib)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
