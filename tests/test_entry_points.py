@@ -28,6 +28,11 @@ def test_example_read_shards(tmp_path):
     assert "epoch 1: 256 samples" in out
 
 
+def test_example_checkpoint(tmp_path):
+    out = run(ROOT / "examples" / "checkpoint.py", tmp_path)
+    assert "resumed at step 30" in out and "GB/s" in out
+
+
 def test_epoch_benchmark_generates_data_and_writes_json(tmp_path, monkeypatch):
     pytest.importorskip("webdataset")
     pytest.importorskip("matplotlib")

@@ -8,9 +8,10 @@ from typing import Optional, Union
 from .. import settings
 from ..sizes import Size, parse_size
 
-__all__ = ["AdaptiveSettings", "WriterConfig", "IF_BUSY"]
+__all__ = ["AdaptiveSettings", "WriterConfig", "IF_BUSY", "SNAPSHOT_MODES"]
 
 IF_BUSY = ("wait", "skip")
+SNAPSHOT_MODES = ("copy", "cow")
 Rate = Union[None, int, float, str]
 
 
@@ -69,6 +70,9 @@ class WriterConfig:
     commit_timeout: seconds rank 0 waits for the other ranks' markers before giving up on
         marking a step complete (the step stays incomplete; the previous one stays latest).
     interval: resolution of the write timeline, seconds.
+    snapshot: "copy" copies every tensor inside save(); "cow" write-protects contiguous CPU
+        tensors instead and copies them in the background, a write to a page not yet copied
+        copying its block first (userfaultfd; "copy" where the kernel refuses it).
     """
 
     rate: Rate = None
@@ -82,6 +86,7 @@ class WriterConfig:
     commit_timeout: float = 600.0
     interval: float = 0.05
     adaptive: AdaptiveSettings = AdaptiveSettings()
+    snapshot: str = "copy"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate", parse_rate(self.rate))
@@ -106,6 +111,9 @@ class WriterConfig:
             raise ValueError(f"commit_timeout must be positive, got {self.commit_timeout!r}")
         if not 0.001 <= self.interval <= 60:
             raise ValueError(f"interval must be from 0.001 to 60 seconds, got {self.interval}")
+        if self.snapshot not in SNAPSHOT_MODES:
+            raise ValueError(f"snapshot must be one of {', '.join(SNAPSHOT_MODES)}; got "
+                             f"{self.snapshot!r}")
         if not isinstance(self.adaptive, AdaptiveSettings):
             raise ValueError("adaptive must be an AdaptiveSettings")
 

@@ -40,6 +40,8 @@ class SaveReport:
     queue_depth: int
     latency: LatencyHistogram
     timeline: List[Tuple[float, int, float]]
+    snapshot_mode: str = "copy"  # how the snapshot was taken (copy, or cow where it applied)
+    cow: Optional[Dict[str, object]] = None  # copy-on-write statistics (faults, bytes, times)
     probe_write: Optional[ProbePoint] = None       # the probe's best sequential write
     probe_same_shape: Optional[ProbePoint] = None  # the probe's write at our request shape
 
@@ -96,7 +98,7 @@ class SaveReport:
                        else f", no cliff (peak {self.peak_rate / 1e9:.2f} GB/s)")
         rows = [
             ("checkpoint", f"step {self.step}: {format_size(self.bytes)} -> {self.path}"),
-            ("stall", f"{self.stall_s * 1e3:,.1f} ms snapshot"
+            ("stall", f"{self.stall_s * 1e3:,.1f} ms snapshot ({self.snapshot_mode})"
                       + (f" (+{self.busy_wait_s * 1e3:,.1f} ms waiting for the previous save)"
                          if self.busy_wait_s > 1e-3 else "")),
             ("write", f"{self.write_s:.2f} s + sync {self.sync_s:.2f} s = {self.gbps:.3f} GB/s "

@@ -153,11 +153,12 @@ class CheckpointWriter:
                     "flashstream.world_size": str(self.world_size)}
         layout = plan(entries, metadata)
         del entries
-        snapshot(layout, self._staging)
-        layout.forget_sources()
+        pending = snapshot(layout, self._staging, self.config.snapshot)
+        if pending is None:
+            layout.forget_sources()
         stall = time.perf_counter() - started - waited
         step_dir = StepDir(self.directory, step)
-        future = self._executor.submit(self._write, layout, step_dir, stall, waited)
+        future = self._executor.submit(self._write, layout, step_dir, stall, waited, pending)
         handle = SaveHandle(step, future, step_dir.rank_file(self.rank, self.world_size))
         future.add_done_callback(lambda f: self._on_done(f, step))
         self._pending = handle
@@ -178,9 +179,14 @@ class CheckpointWriter:
 
     # -- the background write ---------------------------------------------------------------
 
-    def _write(self, layout: Layout, step_dir: StepDir, stall: float,
-               waited: float) -> SaveReport:
+    def _write(self, layout: Layout, step_dir: StepDir, stall: float, waited: float,
+               pending: Optional[Any]) -> SaveReport:
         cfg = self.config
+        cow = None
+        if pending is not None:  # copy-on-write: the staging copy is still running
+            pending.wait()
+            cow = pending.stats()
+            layout.forget_sources()
         step_dir.path.mkdir(parents=True, exist_ok=True)
         fsync_dir(self.directory)
         tmp = step_dir.temp_file(self.rank, self.world_size)
@@ -218,6 +224,8 @@ class CheckpointWriter:
             self._finish_step(step_dir)
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
+        report.snapshot_mode = "cow" if cow is not None else "copy"
+        report.cow = cow
         with self._lock:
             self.reports.append(report)
         return report
