@@ -220,6 +220,13 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def print_verdicts(verdicts: Dict[str, Dict[str, object]]) -> None:
+    """One line per target: met or not, the measured value and the target."""
+    for label, v in verdicts.items():
+        print(f"  {'met    ' if v['met'] else 'NOT met'}  {label}: {v['value']:.3f} "
+              f"(target {v['target']})")
+
+
 def write_json(path: Path, payload: Dict[str, object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str))

@@ -251,9 +251,7 @@ def check_targets(out: Dict[str, object]) -> Dict[str, object]:
             "met": abs(accuracy - 1) <= RATE_TOLERANCE}
     if verdicts:
         print("\ntargets:")
-        for label, v in verdicts.items():
-            print(f"  {'met    ' if v['met'] else 'NOT met'}  {label}: {v['value']:.3f} "
-                  f"(target {v['target']})")
+        _bench.print_verdicts(verdicts)
     return verdicts
 
 

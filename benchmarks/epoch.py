@@ -294,9 +294,7 @@ def check_targets(results: Dict[str, Dict[str, object]], args) -> Dict[str, obje
         if args.workers or args.batch_size or args.epochs > 1:
             print("  (set for per-sample iteration in one process, one epoch: with other loader "
                   "settings they are only indicative)")
-        for label, v in verdicts.items():
-            print(f"  {'met    ' if v['met'] else 'NOT met'}  {label}: {v['value']:.3f} "
-                  f"(target {v['target']})")
+        _bench.print_verdicts(verdicts)
     return verdicts
 
 

@@ -30,23 +30,7 @@
 using namespace flashstream;
 using Bytes = std::vector<uint8_t>;
 
-// ---- statx interposer: lets a test pretend the filesystem allows finer O_DIRECT alignment
-// than it does, so reads on the direct fd fail with EINVAL and the reader must fall back. ----
-#ifdef STATX_DIOALIGN
-static std::atomic<uint32_t> g_fake_dio_offset{0};
-extern "C" int statx(int dirfd, const char* path, int flags, unsigned mask,
-                     struct statx* buf) noexcept {
-  long rc = syscall(SYS_statx, dirfd, path, flags, mask, buf);
-  uint32_t fake = g_fake_dio_offset.load();
-  if (rc == 0 && fake && (buf->stx_mask & STATX_DIOALIGN)) {
-    buf->stx_dio_offset_align = fake;
-#ifdef STATX_DIO_READ_ALIGN
-    buf->stx_dio_read_offset_align = fake;
-#endif
-  }
-  return static_cast<int>(rc);
-}
-#endif
+#include "tests/fake_statx.hpp"  // g_fake_dio_offset
 
 namespace {
 
