@@ -21,6 +21,7 @@
 #include "io/pacing.hpp"
 #include "io/sequential_reader.hpp"
 #include "probe/probe.hpp"
+#include "snapshot/cow_snapshot.hpp"
 #include "tar/tar_scanner.hpp"
 #include "telemetry/histogram.hpp"
 
@@ -493,6 +494,49 @@ nb::dict read_file_into_py(nb::bytes path, nb::handle data, uint64_t length, siz
   return d;
 }
 
+// ---- copy-on-write snapshot ----
+
+// A CowSnapshot driven from Python. The ranges are raw addresses: the caller keeps the tensors
+// and the staging buffer alive until wait() returns (flashstream.engine.cow_snapshot does).
+class PyCowSnapshot {
+ public:
+  PyCowSnapshot(const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& ranges,
+                size_t block, bool allow_user_mode_only) {
+    std::vector<CopyRange> list;
+    list.reserve(ranges.size());
+    for (const auto& [src, dst, len] : ranges)
+      list.push_back({reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(src)),
+                      reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(dst)),
+                      static_cast<size_t>(len)});
+    nb::gil_scoped_release release;  // copies the eager bytes, protects the rest
+    snap_ = std::make_unique<CowSnapshot>(std::move(list), block, allow_user_mode_only);
+  }
+
+  void wait() {
+    nb::gil_scoped_release release;
+    snap_->wait();
+  }
+
+  bool done() const { return snap_->done(); }
+
+  nb::dict stats() const {
+    const CowStats s = snap_->stats();
+    nb::dict d;
+    d["protected_bytes"] = s.protected_bytes;
+    d["eager_bytes"] = s.eager_bytes;
+    d["fault_copies"] = s.fault_copies;
+    d["fault_bytes"] = s.fault_bytes;
+    d["background_bytes"] = s.background_bytes;
+    d["protect_seconds"] = s.protect_seconds;
+    d["eager_seconds"] = s.eager_seconds;
+    d["copy_seconds"] = s.copy_seconds;
+    return d;
+  }
+
+ private:
+  std::unique_ptr<CowSnapshot> snap_;
+};
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -605,4 +649,22 @@ NB_MODULE(_core, m) {
       .def_prop_ro("at_end", &PyScanner::at_end)
       .def("take", &PyScanner::take, nb::arg("with_offsets") = false)
       .def("stats", &PyScanner::stats);
+  m.def("cow_available", &cow_available,
+        "True when userfaultfd can write-protect memory here, kernel writes included.");
+  m.def("cow_mode", [] { return std::string(cow_mode_name(cow_mode())); },
+        "'full' (kernel writes fault too), 'user' (UFFD_USER_MODE_ONLY only) or 'none'.");
+  nb::class_<PyCowSnapshot>(m, "CowSnapshot",
+                            "Copy-on-write snapshot of raw memory ranges (see "
+                            "csrc/snapshot/cow_snapshot.hpp).")
+      .def(nb::init<const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>&, size_t, bool>(),
+           nb::arg("ranges"), nb::arg("block") = size_t(2) << 20,
+           nb::arg("allow_user_mode_only") = false,
+           "ranges: [(src_ptr, dst_ptr, len)]. Returns once every byte is copied or "
+           "write-protected (GIL released).")
+      .def("wait", &PyCowSnapshot::wait,
+           "Until every byte is copied and nothing is protected (GIL released).")
+      .def("done", &PyCowSnapshot::done)
+      .def("stats", &PyCowSnapshot::stats,
+           "dict: protected_bytes, eager_bytes, fault_copies, fault_bytes, background_bytes, "
+           "protect_seconds, eager_seconds, copy_seconds.");
 }

@@ -19,6 +19,7 @@ __all__ = [
     "TO_END",
     "AdaptiveRate",
     "ChunkReader",
+    "CowSnapshot",
     "FormatError",
     "OutputFile",
     "Pacer",
@@ -27,6 +28,9 @@ __all__ = [
     "crc32c_hardware",
     "create_probe_file",
     "engine_name",
+    "cow_available",
+    "cow_mode",
+    "cow_snapshot",
     "histogram_bounds",
     "is_meta_name",
     "open_output",
@@ -212,3 +216,45 @@ def open_reader(extents: Sequence[Extent], settings: IOSettings) -> ChunkReader:
     encoded = [(os.fsencode(p), s, e) for p, s, e in extent_list]
     return _core.Reader(encoded, settings.chunk_size, settings.queue_depth, settings.engine,
                         settings.direct)
+
+
+#: ``CowSnapshot``: a copy-on-write snapshot in progress (``wait()``, ``done()``, ``stats()``).
+CowSnapshot = _core.CowSnapshot
+CopyRange = Tuple[int, int, int]  # src address, dst address, length in bytes
+
+
+def cow_available() -> bool:
+    """True when this process can write-protect memory with userfaultfd, kernel writes included.
+
+    Needs root, CAP_SYS_PTRACE or ``vm.unprivileged_userfaultfd=1``; elsewhere (see
+    :func:`cow_mode`) :func:`cow_snapshot` copies everything eagerly.
+    """
+    return bool(_core.cow_available())
+
+
+def cow_mode() -> str:
+    """``full``, ``user`` (UFFD_USER_MODE_ONLY: read(2) into protected memory fails) or ``none``."""
+    return str(_core.cow_mode())
+
+
+def cow_snapshot(ranges: Sequence[CopyRange], block: int = 2 << 20, *,
+                 allow_user_mode_only: bool = False) -> Any:
+    """Snapshot raw memory ``ranges`` ``(src_ptr, dst_ptr, len)`` into their destinations.
+
+    Returns once every byte is either copied or write-protected, so the caller may modify the
+    sources at once; the protected bytes are copied in the background (a write to one first
+    copies its block). Call ``wait()`` on the result before reading the destinations, and keep
+    the source and destination memory alive until then. Destinations must not overlap sources
+    (ValueError, raised before anything is protected, as for any malformed range).
+    """
+    checked: List[CopyRange] = []
+    for i, r in enumerate(ranges):
+        if len(r) != 3:
+            raise ValueError(f"range {i} must be (src_ptr, dst_ptr, len), got {r!r}")
+        src, dst, length = (int(v) for v in r)
+        if min(src, dst, length) < 0 or max(src + length, dst + length) >= 1 << 64:
+            raise ValueError(f"range {i} is not a valid (src_ptr, dst_ptr, len): {r!r}")
+        checked.append((src, dst, length))
+    if int(block) <= 0:
+        raise ValueError(f"block must be a positive multiple of the page size, got {block}")
+    return _core.CowSnapshot(checked, int(block), bool(allow_user_mode_only))
