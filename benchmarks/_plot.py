@@ -184,7 +184,7 @@ def _plain_log_labels(axis) -> None:
 
 # -- checkpoint.py ------------------------------------------------------------------------------
 WRITER_COLORS = {"torch.save": "tab:orange", "dcp": "tab:purple", "unpaced": "tab:blue",
-                 "fixed": "tab:green", "auto": "tab:red"}
+                 "fixed": "tab:green", "auto": "tab:red", "copy": "tab:cyan"}
 
 
 def plot_checkpoint(payload: Dict[str, object], path: Path) -> Optional[Path]:

@@ -284,7 +284,7 @@ class Flashstream:
         self.key = f"flashstream_{mode}"
         shown = ("None" if rate is None else repr(rate) if isinstance(rate, str)
                  else f"{rate / 1e9:.3f} GB/s")
-        self.label = f"CheckpointWriter(rate={shown})"
+        self.label = f"CheckpointWriter(rate={shown}, snapshot={options.get('snapshot')!r})"
         self.directory, self.state, self.device, self.probe = directory, state, device, probe
         self.writer = flashstream.CheckpointWriter(directory, rate=rate, keep=1,
                                                    if_busy="wait", **options)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -33,7 +34,8 @@ import _savers  # noqa: E402
 
 from flashstream.sizes import format_size, parse_size  # noqa: E402
 
-WRITERS = ("torch.save", "dcp", "unpaced", "fixed", "auto")
+WRITERS = ("torch.save", "dcp", "unpaced", "fixed", "auto", "copy")
+OURS = ("unpaced", "fixed", "auto", "copy")  # CheckpointWriter rows ("copy": unpaced, copy)
 STALL_SHARE = 1 / 20     # CheckpointWriter's stall at most this share of torch.save's
 FIO_SHARE = 0.85         # unpaced CheckpointWriter's GB/s at least this share of fio's
 RATE_TOLERANCE = 0.05    # a paced write's achieved rate within this of the target
@@ -49,12 +51,16 @@ def measure(saver, state: _savers.TrainingState, args, reader: Optional[_savers.
     saves: List[Dict[str, object]] = []
     step = first_step
     total = args.saves + (reader is not None)
+    quiet_step = timed(state.mutate)  # a training step with no save in flight
     with tqdm(total=total, desc=saver.label, unit="save", leave=False, disable=None) as bar:
-        for i in range(args.saves):
-            if i:
-                state.mutate()
-            run = saver.save(step).result()
-            saves.append({"step": step, **saver.figures(run, step)})
+        for _ in range(args.saves):
+            running = saver.save(step)
+            # The training step right after save() returns: it overwrites every tensor, which
+            # a copy-on-write snapshot makes pay for the blocks not yet copied.
+            after = timed(state.mutate)
+            run = running.result()
+            saves.append({"step": step, **saver.figures(run, step), "step_after_s": after,
+                          "step_overhead_s": after - quiet_step})
             _savers.settle(saver.outputs(step))
             step += 1
             bar.update(1)
@@ -72,6 +78,12 @@ def measure(saver, state: _savers.TrainingState, args, reader: Optional[_savers.
     return result
 
 
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def summarize(saves: List[Dict[str, object]]) -> Dict[str, object]:
     """The first save apart; the median of the later ones (the first one alone if only one)."""
     later = saves[1:] or saves
@@ -82,6 +94,7 @@ def summarize(saves: List[Dict[str, object]]) -> Dict[str, object]:
 
     out = {"stall_first_s": saves[0]["stall_s"], "stall_s": median("stall_s"),
            "gbps": median("gbps"), "write_s": median("write_s"), "bytes": saves[-1]["bytes"]}
+    out["step_overhead_s"] = median("step_overhead_s")
     for field in ("durable_stall_s", "achieved_rate", "target_rate", "rate_accuracy"):
         if saves[0].get(field) is not None:
             out[field] = median(field)
@@ -99,11 +112,12 @@ def make_saver(name: str, args, state, device, probe, rate: Optional[float]):
         return _savers.TorchSave(where, state, device)
     if name == "dcp":
         return _savers.DcpAsyncSave(where, state, device)
-    options = {"chunk_size": args.chunk_size, "queue_depth": args.queue_depth}
+    options = {"chunk_size": args.chunk_size, "queue_depth": args.queue_depth,
+               "snapshot": "copy" if name == "copy" else args.snapshot}
     if args.engine:
         options["engine"] = args.engine
     return _savers.Flashstream(where, state, device, mode=name,
-                               rate={"unpaced": None, "auto": "auto"}.get(name, rate),
+                               rate={"unpaced": None, "copy": None, "auto": "auto"}.get(name, rate),
                                probe=probe, **options)
 
 
@@ -184,6 +198,7 @@ def table(out: Dict[str, object]) -> None:
             continue
         row = {"writer": r["label"], "stall first ms": r["stall_first_s"] * 1e3,
                "stall ms": r["stall_s"] * 1e3, "vs torch.save": _share(r["stall_vs_torch_save"]),
+               "next step +ms": r["step_overhead_s"] * 1e3,
                "write GB/s": r["gbps"], "vs fio": r["gbps_vs_fio"],
                "rate accuracy": r.get("rate_accuracy"),
                "reader p95 ms": _get(r, "reader", "p95_us", scale=1e-3),
@@ -193,8 +208,10 @@ def table(out: Dict[str, object]) -> None:
             rows.append({**row, "writer": "torch.save + fsync",
                          "stall first ms": r["saves"][0]["durable_stall_s"] * 1e3,
                          "stall ms": r["durable_stall_s"] * 1e3, "vs torch.save": None,
+                         "next step +ms": None,
                          "reader p95 ms": None, "p95 vs idle": None})
-    columns = ["writer", "stall first ms", "stall ms", "vs torch.save", "write GB/s", "vs fio",
+    columns = ["writer", "stall first ms", "stall ms", "vs torch.save", "next step +ms",
+               "write GB/s", "vs fio",
                "rate accuracy", "reader p95 ms", "p95 vs idle"]
     if not any(r.get("reader p95 ms") for r in rows):
         columns = columns[:-2]
@@ -210,7 +227,7 @@ def table(out: Dict[str, object]) -> None:
         print(f"  auto: peak {auto['peak_rate'] / 1e9:.3f} GB/s, " + (
             f"cliff seen: sustained {auto['sustained_rate'] / 1e9:.3f} GB/s, paced at "
             f"{auto['final_rate'] / 1e9:.3f} GB/s" if auto["cliff"] else "no cliff seen"))
-    for name in ("unpaced", "fixed", "auto"):
+    for name in OURS:
         saves = out["writers"].get(name, {}).get("saves")
         if saves:
             print(f"\nCheckpointWriter {name}, last save, SaveReport:")
@@ -231,8 +248,7 @@ def _get(result: Dict[str, object], *keys: str, scale: float = 1.0) -> Optional[
 
 def check_targets(out: Dict[str, object]) -> Dict[str, object]:
     writers = out["writers"]
-    ours = {k: v for k, v in writers.items() if k in ("unpaced", "fixed", "auto")
-            and "error" not in v}
+    ours = {k: v for k, v in writers.items() if k in OURS[:3] and "error" not in v}
     verdicts: Dict[str, object] = {}
     stalls = [v["stall_vs_torch_save"] for v in ours.values()
               if v.get("stall_vs_torch_save") is not None]
@@ -270,6 +286,9 @@ def parse_args(argv=None):
     p.add_argument("--rate", default=None,
                    help="the fixed writer's rate in bytes/s, e.g. 500MB (default: half the "
                         "unpaced writer's measured GB/s)")
+    p.add_argument("--snapshot", choices=("copy", "cow"), default="cow",
+                   help="CheckpointWriter's snapshot mode for the unpaced, fixed and auto rows "
+                        "(the 'copy' row always copies)")
     p.add_argument("--chunk-size", default="8MiB", help="CheckpointWriter's request size")
     p.add_argument("--queue-depth", type=int, default=8, help="CheckpointWriter's depth")
     p.add_argument("--engine", default=None, help="auto, uring, threads or python")

@@ -1,6 +1,6 @@
 """A training loop that checkpoints as fast as it can, for the kill tests.
 
-usage: ckpt_child.py DIRECTORY FIRST_STEP KEEP
+usage: ckpt_child.py DIRECTORY FIRST_STEP KEEP SNAPSHOT
 Prints "ready" once imported, then "committed N" after each checkpoint N is known complete.
 """
 
@@ -20,11 +20,13 @@ def state_for(step: int) -> dict:
 
 
 def main() -> None:
-    directory, step, keep = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    writer = CheckpointWriter(directory, keep=keep)
+    directory, step, keep, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    writer = CheckpointWriter(directory, keep=keep, snapshot=mode)
     print("ready", flush=True)
     while True:
-        handle = writer.save(state_for(step), step=step)
+        state = state_for(step)
+        handle = writer.save(state, step=step)
+        state["weights"].mul_(-1)  # training goes on; the checkpoint must not see this
         if step % 2:  # alternate: wait for the commit, or go on training while it writes
             handle.result()
             print(f"committed {step}", flush=True)

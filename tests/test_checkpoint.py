@@ -12,7 +12,13 @@ import pytest
 import torch
 from ckptgen import assert_same, every_kind, training_state
 
-from flashstream import CheckpointWriter, ChecksumError, list_checkpoints, load_checkpoint
+from flashstream import (
+    CheckpointWriter,
+    ChecksumError,
+    engine,
+    list_checkpoints,
+    load_checkpoint,
+)
 from flashstream.checkpoint import newest_complete
 
 
@@ -40,15 +46,37 @@ def test_round_trip_training_state(tmp_path):
     torch.optim.Adam(model.parameters()).load_state_dict(loaded["optimizer"])
 
 
-def test_snapshot_holds_the_step_even_when_training_changes_tensors(tmp_path):
-    weights = torch.arange(1 << 20, dtype=torch.float32)
-    expected = weights.clone()
-    with CheckpointWriter(tmp_path, rate=32 << 20) as writer:  # slow: still writing below
-        handle = writer.save({"w": weights}, step=1)
-        weights.mul_(-1)  # the training step right after save() returned
+@pytest.mark.parametrize("mode", ["copy", "cow"])
+def test_snapshot_holds_the_step_even_when_training_changes_tensors(tmp_path, mode):
+    if mode == "cow" and not engine.cow_available():
+        pytest.skip("userfaultfd write-protection is not available here")
+    state = training_state(4, width=512)
+    state["big"] = torch.arange(24 << 20, dtype=torch.float32)  # 96 MiB: many 2 MiB blocks
+    state["tied"] = state["big"][: 1 << 20]  # a view sharing the storage
+    expected = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    expected["model"] = {k: v.clone() for k, v in state["model"].items()}
+    with CheckpointWriter(tmp_path, rate=256 << 20, snapshot=mode) as writer:
+        handle = writer.save(state, step=1)
+        with torch.no_grad():  # the training step right after save() returned
+            state["big"].mul_(-1)
+            for t in state["model"].values():
+                t.zero_()
         assert not handle.done()
-        handle.result()
-    assert torch.equal(load_checkpoint(tmp_path)["w"], expected)
+        report = handle.result()
+    assert report.snapshot_mode == mode
+    loaded = load_checkpoint(tmp_path)
+    assert_same(expected["big"], loaded["big"])
+    assert_same(expected["tied"], loaded["tied"])
+    assert_same(expected["model"], loaded["model"])
+
+
+def test_cow_round_trip_every_kind(tmp_path):
+    if not engine.cow_available():
+        pytest.skip("userfaultfd write-protection is not available here")
+    state = every_kind(5)
+    report = save_one(tmp_path, state, snapshot="cow")
+    assert report.snapshot_mode == "cow" and report.cow["protected_bytes"] >= 0
+    assert_same(state, load_checkpoint(tmp_path))
 
 
 def test_file_is_safetensors_with_an_aligned_data_region(tmp_path):
@@ -113,6 +141,7 @@ def test_cycles_are_refused(tmp_path):
 @pytest.mark.parametrize("options", [
     {"rate": "fast"}, {"rate": 0}, {"rate": -5}, {"keep": 0}, {"if_busy": "queue"},
     {"chunk_size": 1000}, {"queue_depth": 0}, {"within": 0}, {"engine": "spdk"},
+    {"snapshot": "fork"},
 ])
 def test_bad_arguments_raise_value_error(tmp_path, options):
     with pytest.raises(ValueError):

@@ -53,9 +53,10 @@ def test_sigkill_at_random_moments_never_loses_a_checkpoint(tmp_path):
     next_step, committed = 1, 0
     loads = 0
     for round_ in range(KILL_ROUNDS):
-        keep = 1 + round_ % 2
+        keep, mode = 1 + round_ % 2, ("copy", "cow")[round_ // 2 % 2]
         child = subprocess.Popen([sys.executable, str(CHILD), str(directory), str(next_step),
-                                  str(keep)], stdout=subprocess.PIPE, text=True, env=child_env())
+                                  str(keep), mode], stdout=subprocess.PIPE, text=True,
+                                 env=child_env())
         assert child.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.6))
         child.send_signal(signal.SIGKILL)

@@ -95,7 +95,7 @@ def test_checkpoint_benchmark_runs_every_writer(tmp_path, monkeypatch):
     assert result["environment"]["state_bytes"] == pytest.approx(48 << 20, rel=0.01)
     assert result["reader_idle"]["p95_us"] > 0 and result["reader_idle"]["epochs"] == 3
     writers = result["writers"]
-    assert list(writers) == ["torch.save", "dcp", "unpaced", "fixed", "auto"]
+    assert list(writers) == ["torch.save", "dcp", "unpaced", "fixed", "auto", "copy"]
     for name, writer in writers.items():
         assert "error" not in writer, (name, writer)
         assert len(writer["saves"]) == 2
