@@ -312,3 +312,28 @@ def test_env_engine_python_reference(tmp_path, monkeypatch):
     assert report.engine == "python"
     assert_same(training_state(2), load_checkpoint(tmp_path))
     assert os.listdir(tmp_path / "step-000000001")
+
+
+def _gloo_rank(rank: int, world: int, init: str, directory: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        with CheckpointWriter(directory, commit_timeout=60) as writer:  # rank from the group
+            assert (writer.rank, writer.world_size) == (rank, world)
+            writer.save({"rank": torch.tensor(rank), "w": torch.full((1000,), float(rank))},
+                        step=3).result()
+        dist.barrier()
+        assert int(load_checkpoint(directory)["rank"]) == rank  # each rank loads its own file
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_gloo_ranks_write_their_own_files(tmp_path):
+    world = 2
+    init = f"file://{tmp_path / 'store'}"
+    torch.multiprocessing.spawn(_gloo_rank, args=(world, init, str(tmp_path / "ckpt")),
+                                nprocs=world, join=True)
+    info = newest_complete(tmp_path / "ckpt")
+    assert info.step == 3 and info.world_size == world and info.committed_ranks == (0, 1)
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == info.path.name
