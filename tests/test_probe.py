@@ -85,8 +85,11 @@ def _paired_ratio(path, op, pairs):
     """Probe and fio in ABBA order (the second writer pays for the first one's backlog in a
     virtual disk's cache, so a fixed order biases the comparison); the median of the ratios
     of runs made back to back, so that the host's slow drifts cancel within each pair."""
+    # cwd outside the checkout: "python -c" puts it first on sys.path, and the source folder
+    # has no built extension.
     out = subprocess.run([sys.executable, "-c", _PAIRED, str(path), op, str(pairs)],
-                         capture_output=True, text=True, env=child_env(), timeout=600)
+                         capture_output=True, text=True, env=child_env(), timeout=600,
+                         cwd=os.path.dirname(path))
     assert out.returncode == 0, out.stderr
     return tuple(json.loads(out.stdout))
 
