@@ -286,6 +286,14 @@ nb::object split_key_py(nb::bytes name) {
 
 // Lower bound (ns) of every latency histogram bucket; bucket i is [b[i], b[i+1]), and the last
 // has the width of the one before it.
+// The keys LatencyHistogram.from_core reads: counts, min_ns, max_ns, sum_ns.
+void put_histogram(nb::dict& d, const LatencyHistogram& h) {
+  d["counts"] = latency_counts(h);
+  d["min_ns"] = h.min();
+  d["max_ns"] = h.max();
+  d["sum_ns"] = h.sum();
+}
+
 U64Array histogram_bounds() {
   std::vector<uint64_t> bounds(LatencyHistogram::kBuckets);
   for (size_t i = 0; i < bounds.size(); ++i) bounds[i] = LatencyHistogram::bucket_lower(i);
@@ -321,10 +329,7 @@ nb::dict run_probe_py(const std::string& path, const std::string& op, const std:
   d["requests"] = r.requests;
   d["direct"] = r.direct;
   d["engine"] = r.engine;
-  d["counts"] = latency_counts(r.latency);
-  d["min_ns"] = r.latency.min();
-  d["max_ns"] = r.latency.max();
-  d["sum_ns"] = r.latency.sum();
+  put_histogram(d, r.latency);
   d["timeline"] = timeline;
   return d;
 }
@@ -379,10 +384,7 @@ void put_latency(nb::dict& d, const BulkStats& s) {
   d["bytes"] = s.bytes;
   d["seconds"] = s.seconds;
   d["requests"] = s.requests;
-  d["counts"] = latency_counts(s.latency);
-  d["min_ns"] = s.latency.min();
-  d["max_ns"] = s.latency.max();
-  d["sum_ns"] = s.latency.sum();
+  put_histogram(d, s.latency);
   d["engine"] = s.engine;
 }
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import mmap
 import random
-import subprocess
 
 import numpy as np
 import pytest
@@ -122,17 +121,9 @@ def test_closed_file_refuses_writes(tmp_path, engine):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
+def small_tmpfs(small_fs):
     """A 4 MiB tmpfs (needs root to mount)."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "none", str(mount_point)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
+    return small_fs("4m")
 
 
 def test_disk_full_fails_at_open(small_tmpfs, engine):

@@ -185,7 +185,7 @@ def parse_header(prefix: bytes, path: str, file_size: int
                 dtype, shape = torch_dtype(info["dtype"]), tuple(int(v) for v in info["shape"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: bad header entry for tensor {name!r}: {err}") from None
-        expected = math.prod(shape) * (torch.empty((), dtype=dtype).element_size())
+        expected = math.prod(shape) * dtype.itemsize
         if not header_size <= begin <= end <= file_size or end - begin != expected:
             raise ValueError(f"{path}: tensor {name!r} claims bytes [{begin}, {end}) of a "
                              f"{file_size}-byte file for shape {list(shape)} {dtype}")

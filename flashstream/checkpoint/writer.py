@@ -248,8 +248,7 @@ class CheckpointWriter:
 
     def _report(self, step: int, path: Path, layout: Layout, data: dict, head: dict,
                 stall: float, waited: float, sync_s: float, commit_s: float) -> SaveReport:
-        latency = LatencyHistogram(data["counts"], min_ns=data["min_ns"], max_ns=data["max_ns"],
-                                   sum_ns=data["sum_ns"])
+        latency = LatencyHistogram.from_core(data)
         cfg = self.config
         return SaveReport(
             step=step, path=path, bytes=layout.file_size, stall_s=stall, busy_wait_s=waited,

@@ -77,6 +77,12 @@ class LatencyHistogram:
         return self
 
     @classmethod
+    def from_core(cls, raw: Dict[str, object]) -> LatencyHistogram:
+        """From a core result dict's ``counts``, ``min_ns``, ``max_ns`` and ``sum_ns``."""
+        return cls(raw["counts"], min_ns=raw["min_ns"], max_ns=raw["max_ns"],
+                   sum_ns=raw["sum_ns"])
+
+    @classmethod
     def merged(cls, histograms: Iterable[LatencyHistogram]) -> LatencyHistogram:
         out = cls()
         for h in histograms:

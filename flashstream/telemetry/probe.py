@@ -194,8 +194,7 @@ def measure(path: Union[str, os.PathLike], *, op: str, pattern: str = "sequentia
     raw = engine.run_probe(os.fspath(path), op, pattern, bs, queue_depth,
                            parse_size(nbytes, name="nbytes"), float(seconds), kind, True, seed,
                            float(interval))
-    hist = LatencyHistogram(raw["counts"], min_ns=raw["min_ns"], max_ns=raw["max_ns"],
-                            sum_ns=raw["sum_ns"])
+    hist = LatencyHistogram.from_core(raw)
     return ProbePoint(op=op, pattern=pattern, block_size=bs, queue_depth=queue_depth,
                       # A write is done when it is durable: the final fdatasync counts.
                       bytes=int(raw["bytes"]),
