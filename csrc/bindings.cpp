@@ -24,6 +24,7 @@
 #include "snapshot/cow_snapshot.hpp"
 #include "tar/tar_scanner.hpp"
 #include "telemetry/histogram.hpp"
+#include "telemetry/recorder.hpp"
 
 namespace nb = nanobind;
 using namespace flashstream;
@@ -655,6 +656,20 @@ NB_MODULE(_core, m) {
         "True when userfaultfd can write-protect memory here, kernel writes included.");
   m.def("cow_mode", [] { return std::string(cow_mode_name(cow_mode())); },
         "'full' (kernel writes fault too), 'user' (UFFD_USER_MODE_ONLY only) or 'none'.");
+  nb::class_<LatencyRecorder>(m, "LatencyRecorder",
+                              "Thread-safe latency histogram (csrc/telemetry/recorder.hpp).")
+      .def(nb::init<>())
+      .def("record", &LatencyRecorder::record, nb::arg("ns"), "Add one latency (ns).")
+      .def("stop", &LatencyRecorder::stop, nb::arg("start_ns"),
+           "Record monotonic now - start_ns (time.perf_counter_ns's clock); returns it.")
+      .def("snapshot", [](LatencyRecorder& r, bool reset) {
+             const LatencyHistogram h = r.snapshot(reset);
+             nb::dict d;
+             put_histogram(d, h);
+             return d;
+           }, nb::arg("reset") = false,
+           "dict for LatencyHistogram.from_core; reset=True starts over with this copy.");
+  m.def("monotonic_ns", &monotonic_ns, "CLOCK_MONOTONIC in ns (time.perf_counter_ns's clock).");
   nb::class_<PyCowSnapshot>(m, "CowSnapshot",
                             "Copy-on-write snapshot of raw memory ranges (see "
                             "csrc/snapshot/cow_snapshot.hpp).")

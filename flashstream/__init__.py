@@ -3,7 +3,8 @@
 ``ShardStream`` streams WebDataset tar shards with aligned O_DIRECT reads kept in flight by a
 C++ engine (io_uring, or a pread thread pool), and yields exactly webdataset's samples.
 ``CheckpointWriter`` snapshots training state and writes it in the background, paced and
-crash-safe; ``load_checkpoint`` reads it back verified.
+crash-safe; ``load_checkpoint`` reads it back verified. ``IndexReader`` serves a FAISS index
+memory-mapped from the drive and records every search's latency.
 """
 
 from . import settings
@@ -15,7 +16,8 @@ from .checkpoint import (
     load_checkpoint,
 )
 from .engine import engine_name, uring_available
-from .errors import ChecksumError, FlashstreamError, ShardFormatError
+from .errors import ChecksumError, FlashstreamError, IndexFormatError, ShardFormatError
+from .retrieval import IndexReader, write_index
 from .sizes import parse_size
 from .stream import (
     ReadStats,
@@ -44,6 +46,8 @@ __all__ = [
     "EpochMonitor",
     "EpochReport",
     "FlashstreamError",
+    "IndexFormatError",
+    "IndexReader",
     "LatencyHistogram",
     "ReadStats",
     "SaveReport",
@@ -60,5 +64,6 @@ __all__ = [
     "reraise_exception",
     "settings",
     "uring_available",
+    "write_index",
     "warn_and_continue",
 ]

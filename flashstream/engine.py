@@ -66,6 +66,10 @@ crc32c_hardware = _core.crc32c_hardware
 AdaptiveRate = _core.AdaptiveRate
 #: ``Pacer(rate=0.0)``: fixed-rate schedule; ``admit(bytes, now) -> seconds to wait``.
 Pacer = _core.Pacer
+#: ``LatencyRecorder()``: thread-safe latency histogram; ``stop(start_ns)`` records
+#: ``monotonic now - start_ns`` (the clock of ``time.perf_counter_ns``); ``snapshot(reset)``
+#: returns the dict ``LatencyHistogram.from_core`` takes.
+LatencyRecorder = _core.LatencyRecorder
 
 _KERNELS = Kernels(crc32c=_core.crc32c, pacer=_core.Pacer, adaptive_rate=_core.AdaptiveRate)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["ChecksumError", "FlashstreamError", "ShardFormatError"]
+__all__ = ["ChecksumError", "FlashstreamError", "IndexFormatError", "ShardFormatError"]
 
 
 class FlashstreamError(Exception):
@@ -43,3 +43,18 @@ class ChecksumError(FlashstreamError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.tensor, self.begin, self.end))
+
+
+class IndexFormatError(FlashstreamError, ValueError):
+    """A FAISS index file is corrupt, truncated, or of a type IndexReader does not serve.
+
+    ``path`` names the file; ``reason`` says what is wrong (for an unsupported type, which
+    types are supported).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason))

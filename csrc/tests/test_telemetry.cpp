@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "telemetry/histogram.hpp"
+#include "telemetry/recorder.hpp"
 #include "tests/check.hpp"
 
 using namespace flashstream;
@@ -161,3 +163,23 @@ TEST_CASE("edge values: 0, 1, one hour, huge; empty histogram") {
 }
 
 TEST_MAIN()
+
+TEST_CASE("recorder: threads recording at once lose nothing; snapshot(reset) starts over") {
+  LatencyRecorder rec;
+  constexpr int kThreads = 4, kEach = 20000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&rec, t] {
+      for (int i = 0; i < kEach; ++i) rec.record(static_cast<uint64_t>(1000 * (t + 1) + i % 7));
+    });
+  for (auto& th : threads) th.join();
+  const H all = rec.snapshot(true);
+  CHECK(all.count() == uint64_t(kThreads) * kEach);
+  CHECK(all.min() == 1000 && all.max() == 4006);
+  CHECK(rec.snapshot(false).count() == 0);
+  const uint64_t start = monotonic_ns();
+  const uint64_t took = rec.stop(start);
+  CHECK(took < 1000000000ull);  // now - start, not the clock's raw value
+  CHECK(rec.stop(start + 3600ull * 1000000000ull) == 0);  // a start in the future records 0
+  CHECK(rec.snapshot(false).count() == 2);
+}

@@ -1,0 +1,79 @@
+"""rag_qps.py's helpers: readers configured for the index type, and a background write load.
+
+The write load is what a training job does to the drive a RAG service shares: CheckpointWriter
+saving a state dict again and again (keep=1, so old checkpoints are deleted), unpaced or paced.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+from flashstream import IndexReader
+
+
+def open_reader(path: Path, use_mmap: bool, knobs: Dict[str, int]) -> IndexReader:
+    """An IndexReader with nprobe / ef_search set where the index type has them."""
+    reader = IndexReader(path, mmap=use_mmap)
+    kind = reader.info()["kind"]
+    if kind.startswith("IndexIVF"):
+        reader.configure(nprobe=knobs["nprobe"])
+    elif kind == "IndexHNSWFlat":
+        reader.configure(ef_search=knobs["ef_search"])
+    return reader
+
+
+class WriteLoad:
+    """CheckpointWriter saves back to back in a thread, from ``__enter__`` until ``__exit__``."""
+
+    def __init__(self, directory: Path, size: int, rate: Optional[float]) -> None:
+        import torch
+
+        # One core for the snapshot copies: the load stands for another job's checkpoints, which
+        # would run on that job's own cores; what we want to see is the drive's contention.
+        torch.set_num_threads(1)
+        self.directory, self.rate = directory, rate
+        self.state = {"weights": torch.randn(max(1, size // 4))}
+        self.bytes = 0
+        self.saves = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="write-load", daemon=True)
+
+    def _run(self) -> None:
+        from flashstream import CheckpointWriter
+
+        shutil.rmtree(self.directory, ignore_errors=True)
+        start = time.perf_counter()
+        try:
+            with CheckpointWriter(self.directory, rate=self.rate, keep=1) as writer:
+                step = 0
+                while not self._stop.is_set():
+                    report = writer.save(self.state, step=step).result()
+                    self.bytes += report.bytes
+                    self.saves += 1
+                    step += 1
+        except BaseException as e:  # re-raised by __exit__
+            self._error = e
+        self.seconds = time.perf_counter() - start
+
+    def __enter__(self) -> WriteLoad:
+        self._thread.start()
+        time.sleep(0.5)  # let the first save get going before the measurements start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._error is not None and exc[0] is None:
+            raise self._error
+
+    def summary(self) -> Dict[str, object]:
+        return {"rate": self.rate, "saves": self.saves, "bytes": self.bytes,
+                "seconds": self.seconds,
+                "gbps": self.bytes / self.seconds / 1e9 if self.seconds else None}
