@@ -140,8 +140,8 @@ def run_scenario(name: str, reader: IndexReader, cold: bool, targets: List[float
     closed = one(lambda: closed_loop(reader, queries, args.k, threads=args.threads,
                                      seconds=args.duration))
     opened = [one(lambda q=q, i=i: open_loop(reader, queries, args.k, qps=q,
-                                             seconds=args.duration,
-                                        threads=args.threads, seed=i))
+                                             seconds=args.duration, threads=args.threads,
+                                             seed=i))
               for i, q in enumerate(targets)]
     return {"name": name, "mmap": reader.mmap, "cold": cold, "closed": closed, "open": opened,
             "sustainable_qps": sustainable(opened, args.slo)}
