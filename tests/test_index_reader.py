@@ -230,14 +230,14 @@ def test_write_index_into_a_missing_directory(tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_mapping_flag_serves_the_same_results(indexes, queries, kind):
-    """IVF prefers IO_FLAG_MMAP (faster to open), the others IO_FLAG_MMAP_IFC; either named
-    flag works, and one that maps nothing for the type still serves (from RAM, and says so)."""
+    """IO_FLAG_MMAP_IFC by default; either named flag works, and one that maps nothing for the
+    type still serves (from RAM, and says so)."""
     knobs = {"nprobe": 4} if kind.startswith("ivf") else {}
     with IndexReader(indexes[kind], mmap=False, **knobs) as loaded:
         expected = loaded.search(queries, 5)[1]
     with IndexReader(indexes[kind], **knobs) as best:
         flag = best.info()["io_flag"]
-        assert flag == ("IO_FLAG_MMAP" if kind.startswith("ivf") else "IO_FLAG_MMAP_IFC")
+        assert flag == "IO_FLAG_MMAP_IFC"
         assert best.info()["mapped_bytes"] > 0
     for flag in ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP"):
         if not hasattr(faiss, flag):
