@@ -68,6 +68,7 @@ def test_open_loop_follows_the_schedule(reader, queries):
     result = open_loop(reader, queries, 3, qps=400, seconds=0.5, threads=2, seed=3)
     assert result.queries == 200 and result.offered_qps == 400
     assert 250 < result.qps < 600  # Poisson arrivals over half a second
+    assert result.qps == pytest.approx(result.extra["scheduled_qps"], rel=0.2)  # kept up
     # Latency counts from the scheduled time, so it is never below the service time alone.
     assert result.latency.percentile(50) >= result.service.percentile(50) * 0.99
 

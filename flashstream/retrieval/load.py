@@ -203,4 +203,8 @@ def open_loop(reader, queries: np.ndarray, k: int, *, qps: float, seconds: float
             mine["last"] = done
 
     _run(threads, body)
-    return collector.result("open", threads, float(qps), start_ns, k)
+    result = collector.result("open", threads, float(qps), start_ns, k)
+    # The rate this particular Poisson schedule offered (it wanders around ``qps``): what
+    # the achieved rate should be compared with to tell whether the server kept up.
+    result.extra["scheduled_qps"] = total / (int(due[-1]) / 1e9) if due[-1] > 0 else float(qps)
+    return result
