@@ -1,4 +1,4 @@
-"""The ``flashstream`` command line: engine info, and checking or listing shards."""
+"""The ``flashstream`` command line: engine info, checking, listing and indexing shards."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import argparse
 import json
 import sys
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from tqdm import tqdm
 
 from . import __version__, settings
 from .engine import engine_name, uring_available
 from .stream import ShardStream
+from .stream.index import read_sidecar, scan_shards, sidecar_path, write_sidecar
+from .stream.urls import expand_urls
 from .telemetry import device_of, format_device
 from .telemetry.probe import ProbeConfig, probe
 
@@ -86,6 +88,44 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    """Write each shard's sample index (SHARD.fsidx) for exact epoch plans."""
+    urls = expand_urls(args.shards)
+    todo = []
+    for url in urls:
+        try:
+            current = None if args.force else read_sidecar(url)
+        except ValueError:  # stale or malformed: rewrite it
+            current = None
+        if current is None:
+            todo.append(url)
+    errors: Dict[int, BaseException] = {}
+    settings_now = settings.resolve(engine=args.engine)
+    start = time.perf_counter()
+    indexes = scan_shards(todo, settings_now, lambda exn: True, errors) if todo else []
+    seconds = time.perf_counter() - start
+    rows = []
+    for i, (url, index) in enumerate(zip(todo, indexes)):
+        if i in errors:
+            rows.append({"shard": url, "error": str(errors[i])})
+            continue
+        write_sidecar(url, index)
+        rows.append({"shard": url, "samples": index.count, "index": sidecar_path(url),
+                     "compression": index.compression})
+    summary = {"shards": len(urls), "indexed": sum("error" not in r for r in rows),
+               "up_to_date": len(urls) - len(todo), "seconds": round(seconds, 3),
+               "samples": sum(r.get("samples", 0) for r in rows), "results": rows}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for row in rows:
+            print(f"error          {row['error']}" if "error" in row else
+                  f"{row['samples']:>10} samples  {row['index']}")
+        print(f"indexed {summary['indexed']} of {len(urls)} shards "
+              f"({summary['up_to_date']} already up to date) in {seconds:.2f} s")
+    return 1 if errors else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashstream", description=__doc__)
     parser.add_argument("--version", action="version", version=f"flashstream {__version__}")
@@ -114,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--engine", choices=settings.ENGINES, default=None)
     scan.add_argument("--json", action="store_true")
     scan.set_defaults(func=cmd_scan)
+    idx = sub.add_parser("index", help="write each shard's sample index (SHARD.fsidx)")
+    idx.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
+    idx.add_argument("--force", action="store_true", help="rewrite up-to-date indexes too")
+    idx.add_argument("--engine", choices=settings.ENGINES, default=None)
+    idx.add_argument("--json", action="store_true")
+    idx.set_defaults(func=cmd_index)
     return parser
 
 

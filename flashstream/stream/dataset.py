@@ -1,21 +1,36 @@
-"""``ShardStream``: a drop-in ``IterableDataset`` over WebDataset tar shards."""
+"""``ShardStream``: a drop-in ``IterableDataset`` over WebDataset tar shards, resumable."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
-from typing import Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..settings import IOSettings, resolve
 from ..sizes import Size
 from ..telemetry.board import StatsBoard
 from .handlers import Handler, resolve_handler
-from .samples import ReadStats, iter_samples
-from .shuffle import rng_for, shuffle_buffer, shuffled
+from .index import ShardIndex, load_index
+from .passes import PassContext, SamplePass, ShardPass
+from .plan import EQUAL_RULES, RankPlan, rank_plan, shard_order
+from .progress import WorkerMarks
+from .samples import ReadStats
+from .state import (
+    Delivered,
+    Identity,
+    check_state,
+    find_states,
+    merge_states,
+    new_state,
+    shard_digest,
+    shard_entry,
+    worker_cursor,
+)
 from .urls import Urls, expand_urls
-from .world import current_world
+from .world import World, current_world, job_rank
 
 __all__ = ["DEFAULT_SHUFFLE_BUFFER", "ShardStream"]
 
@@ -29,6 +44,8 @@ class _StreamConfig:
     seed: int
     split_by_rank: bool
     split_by_worker: bool
+    equal_ranks: Optional[str]
+    batch_size: int
 
     def __post_init__(self) -> None:
         if self.shuffle_buffer < 0:
@@ -36,6 +53,14 @@ class _StreamConfig:
                              f"got {self.shuffle_buffer}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                or self.batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+
+    def identity_config(self) -> Dict[str, Any]:
+        return {"seed": self.seed, "shuffle": self.shuffle_buffer,
+                "shard_shuffle": self.shard_shuffle, "equal_ranks": self.equal_ranks,
+                "split_by_rank": self.split_by_rank, "split_by_worker": self.split_by_worker}
 
 
 def _shuffle_config(shuffle: Union[bool, int]) -> tuple:
@@ -48,11 +73,29 @@ def _shuffle_config(shuffle: Union[bool, int]) -> tuple:
     raise ValueError(f"shuffle must be True, False or a buffer size (int), got {shuffle!r}")
 
 
+def _equal_rule(equal_ranks: Union[bool, str]) -> Optional[str]:
+    if equal_ranks is False or equal_ranks is None:
+        return None
+    if equal_ranks is True:
+        return "drop"
+    if isinstance(equal_ranks, str) and equal_ranks in EQUAL_RULES:
+        return equal_ranks
+    raise ValueError(f"equal_ranks must be False, True (= 'drop'), 'drop' or 'repeat'; "
+                     f"got {equal_ranks!r}")
+
+
+def _record(board: StatsBoard, slot: int, stats: ReadStats) -> None:
+    """When a pass ends (here or in a DataLoader worker), add it to the shared board."""
+    board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts)
+
+
 class ShardStream(IterableDataset):
     """Samples of WebDataset tar shards, read with aligned O_DIRECT requests kept in flight.
 
     Yields the same dicts as ``webdataset.WebDataset(urls, shardshuffle=False)`` when
     ``shuffle=False``: ``{"__key__", "__url__", "__local_path__", <ext>: bytes, ...}``.
+    ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly (see
+    docs/shardstream.md for the order and resume guarantees).
 
     Args:
         urls: a shard path, a list of paths, a glob (``"data/*.tar"``) or a brace pattern
@@ -63,7 +106,17 @@ class ShardStream(IterableDataset):
         handler: what a bad shard does: ``"reraise"`` (default), ``"warn"`` or ``"ignore"``
             (skip the rest of that shard and go on), or a webdataset-style callable.
         split_by_rank, split_by_worker: give each rank, then each DataLoader worker, its own
-            shards (rank from torch.distributed, else the RANK/WORLD_SIZE variables).
+            share (rank from torch.distributed, else the RANK/WORLD_SIZE variables).
+        equal_ranks: ``True`` or ``"drop"``: every rank delivers ``total // world_size``
+            samples per epoch (the rest of the epoch's sequence is dropped); ``"repeat"``:
+            ``ceil(total / world_size)``, the last rank's share continuing from the start.
+            Needs the shards' sample counts (an index, scanned if there is no sidecar).
+        index: ``"auto"`` (default): use ``SHARD.fsidx`` sidecars (``flashstream index``) when
+            every shard has one, or scan when ``equal_ranks`` needs counts; ``True``: always
+            (scan the shards without a sidecar, once, here); ``False``: never. With an index the
+            order does not depend on the number of DataLoader workers.
+        batch_size: with an index, the DataLoader's batch size: workers take turns in blocks
+            of this many samples, so batches too are the same for any number of workers.
         engine, chunk_size, queue_depth, direct: reader settings; ``None`` takes the
             process-wide value (see ``flashstream.settings``).
     """
@@ -77,6 +130,9 @@ class ShardStream(IterableDataset):
         handler: Union[str, Handler] = "reraise",
         split_by_rank: bool = True,
         split_by_worker: bool = True,
+        equal_ranks: Union[bool, str] = False,
+        index: Union[bool, str] = "auto",
+        batch_size: int = 1,
         engine: Optional[str] = None,
         chunk_size: Optional[Size] = None,
         queue_depth: Optional[int] = None,
@@ -85,20 +141,53 @@ class ShardStream(IterableDataset):
         super().__init__()
         self.urls = expand_urls(urls)
         buffer, shard_shuffle = _shuffle_config(shuffle)
-        self.config = _StreamConfig(buffer, shard_shuffle, seed, split_by_rank, split_by_worker)
+        self.config = _StreamConfig(buffer, shard_shuffle, seed, split_by_rank, split_by_worker,
+                                    _equal_rule(equal_ranks), batch_size)
         self.handler = resolve_handler(handler)
         self._io = dict(engine=engine, chunk_size=chunk_size, queue_depth=queue_depth,
                         direct=direct)
         resolve(**self._io)  # validate now, not in a worker process later
+        self.index = self._load_index(index)
+        counts = None if self.index is None else [ix.count for ix in self.index]
+        self._shards = {"count": len(self.urls), "digest": shard_digest(self.urls, counts)}
         self.epoch = 0
+        self._job = job_rank()  # refreshed by every call in the main process (see _world)
         self.last_stats: Optional[ReadStats] = None
         # Made here, in the process that builds the stream, so DataLoader workers share it.
         self.board = StatsBoard()
+        self._marks = WorkerMarks()
+        self._pending: Optional[Dict[str, Any]] = None  # a loaded state not yet resumed
+        self._active: Optional[Union[ShardPass, SamplePass]] = None
+        self._plans: Dict[tuple, RankPlan] = {}
+
+    def _load_index(self, mode: Union[bool, str]) -> Optional[List[ShardIndex]]:
+        if not (isinstance(mode, bool) or (isinstance(mode, str) and mode == "auto")):
+            raise ValueError(f"index must be 'auto', True or False; got {mode!r}")
+        if mode is False:
+            if self.config.equal_ranks:
+                raise ValueError("equal_ranks needs every shard's sample count, which "
+                                 "index=False forbids; use index='auto' or True")
+            return None
+        scan = mode is True or self.config.equal_ranks is not None
+        return load_index(self.urls, scan_missing=scan, settings=self.io_settings,
+                          handler=self.handler)
+
+    # -- epochs and the plan ------------------------------------------------------------------
+    @property
+    def plan(self) -> str:
+        """``"samples"`` when every shard's samples are known (an index), else ``"shards"``."""
+        return "shards" if self.index is None else "samples"
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose shard order and shuffle buffer the next pass uses."""
+        """Select the epoch whose shard order and shuffle buffer the next pass uses. A state
+        loaded for this same epoch stays pending; for another epoch it is dropped."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._world()  # remember the job's rank now, for DataLoader workers started later
+        if epoch != self.epoch:
+            self._active = None
+        if self._pending is not None and self._pending["epoch"] != epoch:
+            self._pending = None
         self.epoch = epoch
 
     @property
@@ -106,26 +195,70 @@ class ShardStream(IterableDataset):
         """The reader settings a pass started now would use."""
         return resolve(**self._io)
 
-    def __iter__(self) -> Iterator[Dict]:
-        config, world = self.config, current_world()
-        shards = self.urls
-        if config.shard_shuffle:
-            shards = shuffled(shards, rng_for("shards", config.seed, self.epoch))
-        mine = world.split(shards, by_rank=config.split_by_rank,
-                           by_worker=config.split_by_worker)
-        self.last_stats = ReadStats()
-        if not mine:
-            return iter(())
-        samples = iter_samples(mine, self.io_settings, self.handler, self.last_stats,
-                               on_end=functools.partial(self._record, world.worker))
-        if config.shuffle_buffer > 1:
-            rng = rng_for("buffer", config.seed, self.epoch, world.rank, world.worker)
-            samples = shuffle_buffer(samples, config.shuffle_buffer, rng)
-        return samples
+    def _world(self) -> World:
+        """This process's place in the job, after split_by_rank / split_by_worker."""
+        world = current_world(self._job)
+        if get_worker_info() is None:
+            self._job = (world.rank, world.world_size)
+        rank, size = (world.rank, world.world_size) if self.config.split_by_rank else (0, 1)
+        worker, workers = ((world.worker, world.num_workers) if self.config.split_by_worker
+                           else (0, 1))
+        return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
 
-    def _record(self, slot: int, stats: ReadStats) -> None:
-        """When a pass ends (here or in a DataLoader worker), add it to the shared board."""
-        self.board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts)
+    def _identity(self, world: World) -> Identity:
+        return Identity(self.plan, self.config.identity_config(), self._shards,
+                        world.world_size, world.rank)
+
+    def _rank_plan(self, world: World) -> RankPlan:
+        key = (self.epoch, world.world_size, world.rank)
+        if key not in self._plans:
+            order = shard_order(len(self.urls), shuffle=self.config.shard_shuffle,
+                                seed=self.config.seed, epoch=self.epoch)
+            self._plans = {key: rank_plan([ix.count for ix in self.index], order,
+                                          world_size=world.world_size, rank=world.rank,
+                                          equal=self.config.equal_ranks)}
+        return self._plans[key]
+
+    def __len__(self) -> int:
+        """Samples this rank delivers in the current epoch (all workers together); exact, and
+        only known with an index."""
+        if self.index is None:
+            raise TypeError("ShardStream has no length without an index: run `flashstream "
+                            "index SHARDS...` or pass index=True")
+        return self._rank_plan(self._world()).length
+
+    # -- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Dict]:
+        config, world = self.config, self._world()
+        info = get_worker_info()
+        if info is not None:
+            self._marks.mark(self.epoch)
+        resume, self._pending = self._pending, None
+        self.last_stats = ReadStats()
+        # The board, not the stream: a pass kept by the stream must not keep the stream alive.
+        on_end = functools.partial(_record, self.board, info.id if info else 0)
+        ctx = PassContext(self.urls, self.io_settings, self.handler, self.last_stats, on_end,
+                          config.shuffle_buffer, config.seed, self.epoch, world.rank,
+                          world.worker, world.num_workers)
+        if self.index is None:
+            if config.split_by_rank and world.world_size > len(self.urls):
+                raise ValueError(
+                    f"{len(self.urls)} shard(s) for {world.world_size} ranks: some ranks would "
+                    f"get no data and a distributed job would hang at the epoch's end; pass "
+                    f"equal_ranks=True (splits shards by sample ranges using an index)")
+            order = shard_order(len(self.urls), shuffle=config.shard_shuffle, seed=config.seed,
+                                epoch=self.epoch)
+            shards = world.split(order)
+            entry = shard_entry(resume, world.worker, world.num_workers) if resume else None
+            self._active = ShardPass(ctx, shards, entry)
+        else:
+            plan = self._rank_plan(world)
+            done, cursor = Delivered(), 0
+            if resume is not None:
+                done, cursor = worker_cursor(resume, world.worker, world.num_workers,
+                                             config.batch_size, plan.length)
+            self._active = SamplePass(ctx, self.index, plan, config.batch_size, done, cursor)
+        return self._active.generate()
 
     def stats(self) -> Dict[str, object]:
         """Counters and the merged request-latency histogram of the passes since the last
@@ -135,6 +268,53 @@ class ShardStream(IterableDataset):
     def reset_stats(self) -> None:
         self.board.reset()
 
+    # -- resume -------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The position after the last sample this process's pass delivered, as plain values
+        (ints, strings, lists, str-keyed dicts). Inside a DataLoader worker: that worker's
+        position (torchdata's StatefulDataLoader collects them)."""
+        world = self._world()
+        identity = self._identity(world)
+        active = self._active
+        if active is not None and active.epoch == self.epoch:
+            done = (0, [])
+            if isinstance(active, SamplePass):
+                done = (active.done.below, sorted(active.done.extra))
+            return new_state(identity, self.epoch, num_workers=world.num_workers,
+                             batch_size=self.config.batch_size,
+                             workers={str(world.worker): active.state()}, done=done)
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
+        if get_worker_info() is None and self._marks.last() == self.epoch:
+            raise RuntimeError(
+                f"epoch {self.epoch} of this ShardStream is being read by DataLoader workers, "
+                f"whose positions this process cannot know: use torchdata's StatefulDataLoader "
+                f"and save loader.state_dict(), or save at an epoch boundary (after "
+                f"set_epoch(next epoch))")
+        return new_state(identity, self.epoch)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resume from ``state`` (from ``state_dict()``, or ``collect_states()`` of a
+        DataLoader's state): the next pass continues its epoch exactly where it stopped.
+        Raises ``ValueError`` when the state does not fit this stream and job."""
+        check_state(state, self._identity(self._world()))
+        self.epoch = state["epoch"]
+        self._active = None
+        self._pending = copy.deepcopy(state) if state["num_workers"] else None
+
+    @staticmethod
+    def collect_states(obj: Any) -> Dict[str, Any]:
+        """One state from every ShardStream state found in ``obj``: for example the per-worker
+        states inside a StatefulDataLoader's ``state_dict()``. Load it to resume with a
+        different number of workers (index needed) or without the DataLoader's own state."""
+        return merge_states(find_states(obj))
+
+    def __getstate__(self) -> Dict[str, Any]:
+        self._world()  # spawned DataLoader workers get the rank the parent sees now
+        state = self.__dict__.copy()
+        state["_active"] = None  # a running pass (generator) does not cross processes
+        return state
+
     def __repr__(self) -> str:
-        return (f"ShardStream({len(self.urls)} shards, shuffle_buffer="
+        return (f"ShardStream({len(self.urls)} shards, plan={self.plan}, shuffle_buffer="
                 f"{self.config.shuffle_buffer}, seed={self.config.seed}, epoch={self.epoch})")

@@ -11,7 +11,7 @@ import lzma
 import zlib
 from typing import Callable, Optional
 
-__all__ = ["DECOMPRESSION_ERRORS", "Decompressor", "detect"]
+__all__ = ["DECOMPRESSION_ERRORS", "Decompressor", "detect", "is_compressed"]
 
 DECOMPRESSION_ERRORS = (zlib.error, OSError, EOFError, lzma.LZMAError)
 
@@ -56,3 +56,14 @@ def detect(head) -> Optional[Decompressor]:
         if head.startswith(magic):
             return Decompressor(name, factory)
     return None
+
+
+def is_compressed(path: str) -> bool:
+    """Whether the file starts with a compression magic (a few buffered bytes are read).
+    A file that cannot be read counts as plain: reading it reports the error in turn."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return False
+    return detect(head) is not None

@@ -1,14 +1,28 @@
-"""One pass over a list of shards: ordered chunks -> tar scanner -> webdataset-style samples.
+"""One pass over byte ranges of shards: ordered chunks -> tar scanner -> webdataset samples.
 
-The reader keeps reads in flight across shard boundaries; the C++ scanner parses each chunk
-with the GIL released and returns the completed samples as dicts. Errors name the shard (and
-the byte offset for format errors) and go through the handler policy.
+The reader keeps reads in flight across piece boundaries; the C++ scanner parses each chunk
+with the GIL released and returns the completed samples with the shard offsets of their first
+header and of their end. A piece is a whole shard, or a range that starts at a sample's first
+header (resuming, or reading by index); it can keep only some of its samples. Errors name the
+shard (and the byte offset for format errors) and go through the handler policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from ..engine import TO_END, FormatError, Scanner, open_reader
 from ..errors import ShardFormatError
@@ -17,7 +31,12 @@ from .decompress import DECOMPRESSION_ERRORS, Decompressor, detect
 from .handlers import Handler
 from .urls import local_path
 
-__all__ = ["ReadStats", "iter_samples"]
+__all__ = ["READ_THROUGH", "Piece", "ReadStats", "Record", "Records", "plan_reads"]
+
+#: Reading by index, a gap of at most this many bytes between two wanted samples of a shard
+#: is read through (and its samples dropped) rather than split into two requests: small
+#: samples then cost a little over-read instead of one small request each.
+READ_THROUGH = 16 << 10
 
 
 @dataclasses.dataclass
@@ -25,8 +44,8 @@ class ReadStats:
     """What one pass read (filled in as the pass ends or stops)."""
 
     engine: str = ""
-    shards: int = 0
-    samples: int = 0
+    shards: int = 0  # pieces started: shards, or byte ranges of shards when reading by index
+    samples: int = 0  # samples kept (read-through and skipped samples are not counted)
     members: int = 0
     bytes_read: int = 0  # bytes transferred from the drive, alignment over-read included
     requests: int = 0
@@ -51,53 +70,120 @@ class ReadStats:
         return self.buffered_files == 0 and self.direct_files > 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Bytes ``[start, end)`` of one shard. ``start`` is 0 or the first header of a sample
+    (compressed shards are always read from 0: there is no seeking into a compressed stream).
+    ``keep``: the header offsets of the samples wanted (None: all); ``skip_below``: drop the
+    samples that start before this offset."""
+
+    url: str
+    start: int = 0
+    end: int = TO_END
+    keep: Optional[FrozenSet[int]] = None
+    skip_below: int = 0
+
+
+#: ``(piece, offset, end, sample)``: a sample of piece ``piece`` spanning shard bytes
+#: ``[offset, end)``; ``sample`` is None when a wanted sample was lost to an error the handler
+#: chose to skip. A plain tuple: one is made per sample.
+Record = Tuple[int, int, int, Optional[Dict]]
+
+
 class _Pass:
     """State of one pass; kept out of the generator so the hot loop stays small."""
 
-    def __init__(self, urls: Sequence[str], settings: IOSettings, handler: Handler,
+    def __init__(self, pieces: Sequence[Piece], settings: IOSettings, handler: Handler,
                  stats: ReadStats) -> None:
-        self.urls = list(urls)
-        self.paths = [local_path(u) for u in self.urls]
+        self.pieces = list(pieces)
+        self.paths = [local_path(p.url) for p in self.pieces]
         self.handler = handler
         self.stats = stats
-        self.reader = open_reader([(p, 0, TO_END) for p in self.paths], settings)
+        self.reader = open_reader([(path, p.start, p.end)
+                                   for path, p in zip(self.paths, self.pieces)], settings)
         self.scanner = Scanner()
         self.stats.engine = self.reader.engine
-        self.shard = -1  # extent index of the shard being scanned, or last finished
+        self.piece = -1  # index of the piece being scanned, or last finished
         self.open = False
         self.decompressor: Optional[Decompressor] = None
-        self.pending: List[Dict] = []
+        self.pending: List[Record] = []
+        self.seen: Set[int] = set()  # wanted offsets delivered from the current piece
+        self.codecs: Dict[int, Optional[str]] = {}
+        self.errors: Dict[int, BaseException] = {}
 
-    def start_shard(self, extent: int, head) -> None:
-        self.shard, self.open = extent, True
+    def fail(self, exn: BaseException) -> bool:
+        """Count and record an error of the current piece; the handler's verdict."""
+        self.stats.errors += 1
+        self.errors[self.piece] = exn
+        return self.handler(exn)
+
+    def start_piece(self, index: int, head) -> None:
+        self.piece, self.open = index, True
         self.stats.shards += 1
-        self.decompressor = detect(head)
-        self.scanner.begin_shard(self.urls[extent], self.paths[extent], 0)
+        piece = self.pieces[index]
+        # Only a piece read from the shard's start can begin with a compression magic.
+        self.decompressor = detect(head) if piece.start == 0 else None
+        self.codecs[index] = self.decompressor.name if self.decompressor else None
+        self.seen = set()
+        self.scanner.begin_shard(piece.url, self.paths[index], piece.start)
 
-    def scan(self, data, last: bool) -> List[Dict]:
+    def records(self) -> List[Record]:
+        samples, spans = self.scanner.take(with_offsets=True)
+        if not samples:
+            return []
+        i, piece = self.piece, self.pieces[self.piece]
+        keep, low = piece.keep, piece.skip_below
+        if keep is None and not low:  # the common case: every sample, no per-sample test
+            out = [(i, offset, end, sample) for sample, (offset, end) in zip(samples, spans)]
+        else:
+            out = [(i, offset, end, sample) for sample, (offset, end) in zip(samples, spans)
+                   if offset >= low and (keep is None or offset in keep)]
+            if keep is not None:
+                self.seen.update(record[1] for record in out)
+        self.stats.samples += len(out)
+        return out
+
+    def scan(self, data, last: bool) -> List[Record]:
         if self.decompressor is not None:
             data = self.decompressor.decompress(data)
+        if len(data) == 0 and self.pieces[self.piece].start > 0:
+            # A resume point at the very end of a shard: nothing left to scan.
+            self.open = False
+            return []
         self.scanner.feed(data)
-        samples = self.scanner.take()
+        records = self.records()
         if last:
             # The shard's end can still fail (truncated member, cut compressed stream): keep
             # what this piece completed so the error path delivers it before reporting.
-            self.pending = samples
+            self.pending = records
             if self.decompressor is not None:
                 self.decompressor.finish()
             self.scanner.end_shard()
-            samples = samples + self.scanner.take()
+            records = records + self.records()
             self.pending = []
             self.open = False
-        return samples
+        return records
 
-    def salvage(self) -> List[Dict]:
+    def salvage(self) -> List[Record]:
         """Samples completed before an error in the current piece."""
-        samples, self.pending = self.pending, []
-        return samples + self.scanner.take()
+        records, self.pending = self.pending, []
+        return records + self.records()
+
+    def complete(self) -> bool:
+        """True when the open piece has delivered every sample it wants."""
+        keep = self.pieces[self.piece].keep
+        return self.open and keep is not None and len(self.seen) == len(keep)
+
+    def missing(self, index: int) -> List[int]:
+        """Wanted offsets of piece ``index`` that it did not deliver."""
+        keep = self.pieces[index].keep
+        if keep is None:
+            return []
+        seen = self.seen if index == self.piece else set()
+        return sorted(keep - seen)
 
     def format_error(self, exn: BaseException) -> ShardFormatError:
-        url = self.urls[self.shard]
+        url = self.pieces[self.piece].url
         if isinstance(exn, FormatError):
             message, offset = exn.args
             if self.decompressor is not None:
@@ -112,48 +198,144 @@ class _Pass:
                      "wait_ns", "latency_sum_ns", "latency_min_ns", "latency_max_ns"):
             setattr(self.stats, name, read[name])
         self.stats.latency_counts = self.reader.latency_counts()
-        scanned = self.scanner.stats()
-        self.stats.samples, self.stats.members = scanned["samples"], scanned["members"]
+        self.stats.members = self.scanner.stats()["members"]
         self.reader.close()
 
 
-def iter_samples(urls: Sequence[str], settings: IOSettings, handler: Handler,
+class Records:
+    """Iterate the samples of ``pieces`` in order, as :class:`Record`. ``stats`` is filled in
+    when the pass ends (or stops early), then ``on_end(stats)`` is called. ``codecs`` maps each
+    piece started so far to its compression (``"gzip"``, ...) or None; ``errors`` each piece's
+    error that the handler chose to skip."""
+
+    def __init__(self, pieces: Sequence[Piece], settings: IOSettings, handler: Handler,
                  stats: Optional[ReadStats] = None,
-                 on_end: Optional[Callable[[ReadStats], None]] = None) -> Iterator[Dict]:
-    """Yield the samples of ``urls`` in order. ``stats`` is filled in when the pass ends (or
-    stops early), then ``on_end(stats)`` is called."""
-    state = _Pass(urls, settings, handler, stats if stats is not None else ReadStats())
+                 on_end: Optional[Callable[[ReadStats], None]] = None) -> None:
+        self.pieces = list(pieces)
+        self.settings = settings
+        self.handler = handler
+        self.stats = stats if stats is not None else ReadStats()
+        self.on_end = on_end
+        self.codecs: Dict[int, Optional[str]] = {}
+        self.errors: Dict[int, BaseException] = {}
+
+    def __iter__(self) -> Iterator[Record]:
+        if not self.pieces:
+            return _nothing(self.stats, self.on_end)
+        state = _Pass(self.pieces, self.settings, self.handler, self.stats)
+        state.errors = self.errors
+        self.codecs = state.codecs
+        return _run(state, self.on_end)
+
+
+def _nothing(stats: ReadStats, on_end: Optional[Callable[[ReadStats], None]]
+             ) -> Iterator[Record]:
+    """An empty pass (no reader to open), reported like any other when it ends."""
+    if on_end is not None:
+        on_end(stats)
+    yield from ()
+
+
+def _lost(state: _Pass, index: int) -> Iterator[Record]:
+    for offset in state.missing(index):
+        yield (index, offset, offset, None)
+
+
+def _check_complete(state: _Pass) -> Iterator[Record]:
+    """After a piece ended cleanly: every wanted sample must have been seen, else the shard
+    no longer matches its index (an error through the handler, then the misses are lost)."""
+    missing = state.missing(state.piece)
+    if not missing:
+        return
+    piece = state.pieces[state.piece]
+    error = ShardFormatError(piece.url, missing[0],
+                             f"no sample starts here although the shard index says one does "
+                             f"({len(missing)} missing); was the shard rewritten after "
+                             f"`flashstream index`?")
+    if not state.fail(error):
+        raise _Stop
+    yield from _lost(state, state.piece)
+
+
+class _Stop(Exception):
+    """The handler chose to end the pass."""
+
+
+def _run(state: _Pass, on_end: Optional[Callable[[ReadStats], None]]) -> Iterator[Record]:
+    """The pass itself (one generator, no wrapper: it runs once per sample)."""
     try:
         while True:
             try:
                 chunk = state.reader.next()
             except OSError as exn:
-                # Errors surface at the failing shard's turn: all earlier chunks were delivered.
-                state.stats.errors += 1
-                if not state.handler(exn):
+                # Errors surface at the failing piece's turn: all earlier chunks were delivered.
+                if not state.open:  # it failed before its first chunk
+                    state.piece, state.seen = state.piece + 1, set()
+                if not state.fail(exn):
                     return
                 state.reader.skip_extent()
-                state.shard, state.open = (state.shard if state.open else state.shard + 1), False
+                state.open = False
+                yield from _lost(state, state.piece)
                 continue
             if chunk is None:
                 return
-            extent, _offset, data, first, last = chunk
+            index, _offset, data, first, last = chunk
             try:
                 if first:
-                    state.start_shard(extent, data)
-                samples = state.scan(data, last)
+                    state.start_piece(index, data)
+                records = state.scan(data, last)
             except (FormatError, *DECOMPRESSION_ERRORS) as exn:
                 # Samples completed before the bad spot are good: deliver them first.
                 yield from state.salvage()
-                state.stats.errors += 1
-                if not state.handler(state.format_error(exn)):
+                if not state.fail(state.format_error(exn)):
                     return
                 if not last:
                     state.reader.skip_extent()
                 state.open = False
+                yield from _lost(state, state.piece)
                 continue
-            yield from samples
+            yield from records
+            if last:
+                yield from _check_complete(state)
+            elif state.complete():
+                # Every wanted sample is in: skip the rest (a compressed shard is read from
+                # its start for a few samples, and need not be inflated to its end).
+                state.reader.skip_extent()
+                state.open = False
+    except _Stop:
+        return
     finally:
         state.finish()
         if on_end is not None:
             on_end(state.stats)
+
+
+def plan_reads(refs: Iterable[Tuple[int, int, int]], urls: Sequence[str],
+               compressed: Callable[[int], bool]) -> Tuple[List[Piece], List[int]]:
+    """Pieces reading the samples ``refs`` = ``(shard, offset, end)`` in the given order, and
+    the shard of each piece. Consecutive refs of one shard share a piece when they follow each
+    other in the file within :data:`READ_THROUGH`; a compressed shard is read from its start
+    (its offsets count in the decompressed stream), once per run of its refs."""
+    pieces: List[Piece] = []
+    owners: List[int] = []
+    run: Optional[list] = None  # shard, start, end, offsets, compressed
+
+    def flush() -> None:
+        if run is None:
+            return
+        shard, start, end, offsets, packed = run
+        pieces.append(Piece(urls[shard], 0 if packed else start, TO_END if packed else end,
+                            keep=frozenset(offsets)))
+        owners.append(shard)
+
+    for shard, offset, end in refs:
+        if (run is not None and run[0] == shard and offset >= run[2]
+                and (run[4] or offset - run[2] <= READ_THROUGH)):
+            run[2] = end
+            run[3].append(offset)
+            continue
+        flush()
+        run = [shard, offset, end, [offset], compressed(shard)]
+    flush()
+    return pieces, owners
+

@@ -1,11 +1,18 @@
-"""Seeded shuffling: shard order and a sample shuffle buffer."""
+"""Seeded shuffling: shard order, and a sample buffer whose state is small and exact.
+
+The buffer draws its indices from :class:`Draws`, whose whole state is the number of draws
+made: a resumed buffer replays that many draws from the same seed and continues exactly where
+the uninterrupted one would have. The same buffer runs over real samples (shard plan) and
+over sample numbers (sample plan, where every worker computes the rank's output order).
+"""
 
 from __future__ import annotations
 
 import random
-from typing import Iterable, Iterator, List, Sequence, TypeVar
+from array import array
+from typing import Generic, List, Optional, Sequence, TypeVar
 
-__all__ = ["rng_for", "shuffle_buffer", "shuffled"]
+__all__ = ["Draws", "ShuffleBuffer", "buffer_order", "rng_for"]
 
 T = TypeVar("T")
 
@@ -16,22 +23,71 @@ def rng_for(*parts: object) -> random.Random:
     return random.Random(":".join(str(p) for p in parts))
 
 
-def shuffled(items: Sequence[T], rng: random.Random) -> List[T]:
-    out = list(items)
-    rng.shuffle(out)
+class Draws:
+    """Uniform indices from a seeded generator; ``count`` (draws made) is its whole state.
+
+    Every draw consumes exactly one ``random()`` value, so skipping ``count`` draws puts a new
+    generator in the same state as the old one, whatever bounds were asked for.
+    """
+
+    def __init__(self, *parts: object, skip: int = 0) -> None:
+        self._random = rng_for(*parts).random
+        for _ in range(skip):
+            self._random()
+        self.count = skip
+
+    def below(self, n: int) -> int:
+        self.count += 1
+        return int(self._random() * n)  # n is far below 2**53: never equals n
+
+
+class ShuffleBuffer(Generic[T]):
+    """webdataset's shuffle buffer, one step at a time so that its state can be saved.
+
+    Until ``size`` items are held, ``push`` keeps them (and returns None); after that each push
+    swaps the new item for a randomly chosen one and returns that. When the input ends,
+    ``drain`` returns the held items in random order, one per call. Items are never None.
+    """
+
+    def __init__(self, size: int, draws: Draws, items: Sequence[T] = ()) -> None:
+        self.size = size
+        self.draws = draws
+        self.items: List[T] = list(items)
+
+    def push(self, item: T) -> Optional[T]:
+        """Add ``item``; the item that leaves in exchange (None while filling)."""
+        items = self.items
+        if len(items) < self.size:
+            items.append(item)
+            return None
+        index = self.draws.below(self.size)
+        out = items[index]
+        items[index] = item
+        return out
+
+    def drain(self) -> T:
+        """Take a random remaining item (the input has ended)."""
+        index = self.draws.below(len(self.items))
+        out = self.items[index]
+        last = self.items.pop()
+        if index < len(self.items):
+            self.items[index] = last
+        return out
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def buffer_order(n: int, size: int, draws: Draws) -> array:
+    """The order in which a buffer of ``size`` releases the inputs ``0..n-1``: element ``p``
+    is the input delivered ``p``-th. Exactly what :class:`ShuffleBuffer` does to real items."""
+    buffer: ShuffleBuffer[int] = ShuffleBuffer(size, draws)
+    out = array("q")
+    push, append = buffer.push, out.append
+    for i in range(n):
+        left = push(i)
+        if left is not None:
+            append(left)
+    while len(buffer):
+        append(buffer.drain())
     return out
-
-
-def shuffle_buffer(samples: Iterable[T], size: int, rng: random.Random) -> Iterator[T]:
-    """Yield ``samples`` through a buffer of ``size``: once it is full, each new sample
-    replaces a randomly chosen one, which is yielded; the rest is shuffled at the end."""
-    buffer: List[T] = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        index = rng.randrange(size)
-        yield buffer[index]
-        buffer[index] = sample
-    rng.shuffle(buffer)
-    yield from buffer

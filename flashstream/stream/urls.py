@@ -9,7 +9,10 @@ from urllib.parse import urlparse
 
 import braceexpand
 
-__all__ = ["Urls", "expand_urls", "local_path"]
+__all__ = ["INDEX_SUFFIX", "Urls", "expand_urls", "local_path"]
+
+#: Suffix of a shard's sidecar index (``flashstream index``); globs never match these.
+INDEX_SUFFIX = ".fsidx"
 
 Urls = Union[str, os.PathLike, Iterable[Union[str, os.PathLike]]]
 
@@ -21,7 +24,8 @@ def _expand_one(url: str) -> List[str]:
     for part in url.split("::"):  # webdataset's separator for several patterns in one string
         for name in braceexpand.braceexpand(part):
             if _GLOB_CHARS & set(name) and not os.path.exists(local_path(name)):
-                matches = sorted(glob.glob(local_path(name)))
+                matches = sorted(m for m in glob.glob(local_path(name))
+                                 if not m.endswith(INDEX_SUFFIX))
                 if not matches:
                     raise FileNotFoundError(f"no shard matches the pattern {name!r}")
                 out.extend(matches)

@@ -2,15 +2,19 @@
 
 Shards are split by rank first, then by DataLoader worker (as webdataset's split_by_node and
 split_by_worker do), so every shard is read by exactly one worker of one rank per epoch.
+
+DataLoader worker processes do not see the parent's torch.distributed process group (it is not
+initialized there), so a stream remembers the job's rank as its main process saw it and
+passes it in as ``job``; without one, workers fall back to RANK/WORLD_SIZE.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import List, Sequence, TypeVar
+from typing import List, Optional, Sequence, Tuple, TypeVar
 
-__all__ = ["World", "current_world"]
+__all__ = ["World", "current_world", "job_rank"]
 
 T = TypeVar("T")
 
@@ -39,7 +43,12 @@ class World:
         return mine
 
 
-def _rank_and_size() -> tuple:
+def job_rank() -> Tuple[int, int]:
+    """(rank, world size) from torch.distributed, else the RANK/WORLD_SIZE variables."""
+    return _rank_and_size()
+
+
+def _rank_and_size() -> Tuple[int, int]:
     try:
         import torch.distributed as dist
 
@@ -53,8 +62,9 @@ def _rank_and_size() -> tuple:
         raise ValueError("RANK and WORLD_SIZE must be integers when set") from None
 
 
-def current_world() -> World:
-    """Rank from torch.distributed (else RANK/WORLD_SIZE), worker from the DataLoader."""
+def current_world(job: Optional[Tuple[int, int]] = None) -> World:
+    """Rank from torch.distributed (else RANK/WORLD_SIZE), worker from the DataLoader. In a
+    DataLoader worker, ``job`` (the rank and world size the parent saw) wins when given."""
     rank, size = _rank_and_size()
     worker, workers = 0, 1
     try:
@@ -63,6 +73,8 @@ def current_world() -> World:
         info = get_worker_info()
         if info is not None:
             worker, workers = info.id, info.num_workers
+            if job is not None:
+                rank, size = job
     except ImportError:
         pass
     return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
