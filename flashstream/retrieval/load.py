@@ -104,6 +104,18 @@ class _Collector:
                           labels_array, late)
 
 
+def _timed_search(mine: dict, reader, queries: np.ndarray, k: int, i: int, *, due_ns: int,
+                  start_ns: int) -> None:
+    """Search query ``i`` and keep its ids, its latency from ``due_ns`` and its service time."""
+    labels = reader.search(queries[i % len(queries)], k)[1]
+    done = time.perf_counter_ns()
+    mine["qid"].append(i)
+    mine["labels"].append(labels[0])
+    mine["latency"].append(done - due_ns)
+    mine["service"].append(done - start_ns)
+    mine["last"] = done
+
+
 def _run(threads: int, body: Callable[[], None]) -> None:
     errors: List[BaseException] = []
 
@@ -155,13 +167,7 @@ def closed_loop(reader, queries: np.ndarray, k: int, *, threads: int = 1,
             t0 = time.perf_counter_ns()
             if deadline is not None and t0 >= deadline:
                 return
-            labels = reader.search(queries[i % len(queries)], k)[1]
-            done = time.perf_counter_ns()
-            mine["qid"].append(i)
-            mine["labels"].append(labels[0])
-            mine["latency"].append(done - t0)
-            mine["service"].append(done - t0)
-            mine["last"] = done
+            _timed_search(mine, reader, queries, k, i, due_ns=t0, start_ns=t0)
 
     _run(threads, body)
     return collector.result("closed", threads, None, start_ns, k)
@@ -194,13 +200,7 @@ def open_loop(reader, queries: np.ndarray, k: int, *, qps: float, seconds: float
             t0 = time.perf_counter_ns()
             if t0 - at > 1_000_000:
                 mine["late"] += 1
-            labels = reader.search(queries[i % len(queries)], k)[1]
-            done = time.perf_counter_ns()
-            mine["qid"].append(i)
-            mine["labels"].append(labels[0])
-            mine["latency"].append(done - at)
-            mine["service"].append(done - t0)
-            mine["last"] = done
+            _timed_search(mine, reader, queries, k, i, due_ns=at, start_ns=t0)
 
     _run(threads, body)
     result = collector.result("open", threads, float(qps), start_ns, k)
