@@ -230,15 +230,20 @@ def test_write_index_into_a_missing_directory(tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_mapping_flag_serves_the_same_results(indexes, queries, kind):
-    """IO_FLAG_MMAP_IFC by default; either named flag works, and one that maps nothing for the
-    type still serves (from RAM, and says so)."""
+    """IO_FLAG_MMAP for IVF (without FAISS's per-search prefetch threads), IO_FLAG_MMAP_IFC for
+    the rest by default; either named flag works, and one that maps nothing for the type still
+    serves (from RAM, and says so)."""
     knobs = {"nprobe": 4} if kind.startswith("ivf") else {}
     with IndexReader(indexes[kind], mmap=False, **knobs) as loaded:
         expected = loaded.search(queries, 5)[1]
     with IndexReader(indexes[kind], **knobs) as best:
         flag = best.info()["io_flag"]
-        assert flag == "IO_FLAG_MMAP_IFC"
+        assert flag == ("IO_FLAG_MMAP" if kind.startswith("ivf") else "IO_FLAG_MMAP_IFC")
         assert best.info()["mapped_bytes"] > 0
+        if kind.startswith("ivf"):
+            lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(best.index).invlists)
+            assert type(lists).__name__ == "OnDiskInvertedLists" and lists.prefetch_nthread == 0
+        np.testing.assert_array_equal(best.search(queries, 5)[1], expected)
     for flag in ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP"):
         if not hasattr(faiss, flag):
             continue
@@ -247,6 +252,40 @@ def test_each_mapping_flag_serves_the_same_results(indexes, queries, kind):
             mapped = reader.info()["mapped_bytes"] > 0
             assert mapped or (flag == "IO_FLAG_MMAP" and not kind.startswith("ivf"))
             np.testing.assert_array_equal(reader.search(queries, 5)[1], expected)
+
+
+def _vm_flags(reader) -> set:
+    """The kernel's VmFlags of the reader's mappings of its file (rr: random, sr: sequential)."""
+    starts = {f"{m.start:x}" for m in mappings_of(reader._open().stat)}
+    flags, current = set(), False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if "-" in line.split(" ", 1)[0] and not line.startswith("VmFlags"):
+                current = line.split("-", 1)[0] in starts
+            elif current and line.startswith("VmFlags:"):
+                flags.update(line.split()[1:])
+    return flags
+
+
+@pytest.mark.parametrize("kind,advice,expected", [
+    ("flat", "auto", set()), ("ivfpq", "auto", set()), ("hnsw", "auto", {"rr"}),
+    ("flat", "sequential", {"sr"}), ("ivfflat", "random", {"rr"}), ("hnsw", "normal", set()),
+])
+def test_advice_sets_the_mappings_readahead(indexes, queries, kind, advice, expected):
+    """FAISS maps with MADV_RANDOM; the reader sets the advice asked for (auto: by index type)
+    and the kernel shows it in the mapping's VmFlags."""
+    with IndexReader(indexes[kind], advice=advice) as reader:
+        assert reader.info()["advice"] == (advice if advice != "auto" else
+                                           "random" if kind == "hnsw" else "normal")
+        assert _vm_flags(reader) & {"rr", "sr"} == expected
+        assert reader.search(queries[:4], 5)[1].shape == (4, 5)
+    with IndexReader(indexes[kind], mmap=False, advice=advice) as loaded:
+        assert loaded.info()["advice"] is None  # nothing mapped to advise
+
+
+def test_bad_advice_setting(indexes):
+    with pytest.raises(ValueError, match="auto, normal, random, sequential"):
+        IndexReader(indexes["flat"], advice="willneed")
 
 
 def test_bad_mmap_setting(indexes):

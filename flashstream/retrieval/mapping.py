@@ -16,11 +16,17 @@ import os
 from dataclasses import dataclass
 from typing import List
 
-__all__ = ["FileMapping", "drop_pages", "mappings_of"]
+__all__ = ["ADVICE", "FileMapping", "advise", "drop_pages", "mappings_of"]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
+
+#: madvise access patterns by name. FAISS maps with MADV_RANDOM, which turns every cold page
+#: into its own 4 KiB read: a cold scan of a 1.4 GiB flat index took 35 s that way, 1.9 s with
+#: "normal" (the kernel's readahead) and 1.3 s with "sequential".
+ADVICE = {"normal": getattr(mmap, "MADV_NORMAL", 0), "random": getattr(mmap, "MADV_RANDOM", 1),
+          "sequential": getattr(mmap, "MADV_SEQUENTIAL", 2)}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,14 @@ def mappings_of(st: os.stat_result) -> List[FileMapping]:
         start, end = (int(part, 16) for part in fields[0].split("-"))
         found.append(FileMapping(start, end, int(fields[2], 16), fields[1]))
     return found
+
+
+def advise(found: List[FileMapping], advice: str) -> None:
+    """Tell the kernel how the mapped file will be read (one of ``ADVICE``): readahead or not."""
+    for m in found:
+        if _libc.madvise(ctypes.c_void_p(m.start), m.length, ADVICE[advice]) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"madvise({advice}) of {m.length} bytes: {os.strerror(err)}")
 
 
 def drop_pages(found: List[FileMapping]) -> int:
