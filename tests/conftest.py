@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import flashstream  # noqa: E402
 from flashstream import settings  # noqa: E402
+from flashstream.stream.index import CACHE_ENV  # noqa: E402
+
+# Scanned shard indexes go to a cache of this test session, never the user's ~/.cache (child
+# processes inherit it).
+os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="flashstream-index-cache-")
 
 ENGINES = ["uring", "threads", "python"]
 PEER_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "peer-data" / "webdataset"

@@ -51,10 +51,18 @@ def test_samples_before_the_bad_header_are_delivered(tmp_path, good):
         offset = tar.getmembers()[10].offset  # first member of sample 5
     corrupt(bad, offset + 148, b"9999999")
     seen = []
-    with pytest.raises(ShardFormatError):
-        for sample in ShardStream(str(bad)):
+    with pytest.raises(ShardFormatError):  # without an index: found while reading
+        for sample in ShardStream(str(bad), index=False):
             seen.append(sample["__key__"])
     assert seen == [f"s{i:06d}" for i in range(5)]
+    # The default indexes the shard first: the same error, before any sample.
+    with pytest.raises(ShardFormatError, match=f"byte offset {offset}") as info:
+        ShardStream(str(bad))
+    assert info.value.url == str(bad)
+    # handler="warn": indexed up to the bad spot, those samples delivered, the rest skipped.
+    with pytest.warns(UserWarning, match="bad.tar"):
+        stream = ShardStream(str(bad), handler="warn")
+    assert [sample["__key__"] for sample in stream] == [f"s{i:06d}" for i in range(5)]
 
 
 def test_truncated_member(tmp_path, good, engine):
@@ -187,9 +195,11 @@ def test_samples_before_a_truncated_end_are_delivered(tmp_path, engine):
     cut.write_bytes(good.read_bytes()[: last.offset_data + 100])
     seen = []
     with pytest.raises(ShardFormatError, match="truncated"):
-        for sample in ShardStream(str(cut)):
+        for sample in ShardStream(str(cut), index=False):
             seen.append(sample["__key__"])
     assert seen == [f"s{i:06d}" for i in range(9)]
+    with pytest.raises(ShardFormatError, match="truncated"):  # indexing finds it first
+        ShardStream(str(cut))
 
 
 def test_samples_before_a_cut_gzip_trailer_are_delivered(tmp_path):

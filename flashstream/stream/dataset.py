@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import time
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -15,7 +16,7 @@ from ..telemetry.board import StatsBoard
 from .handlers import Handler, resolve_handler
 from .index import ShardIndex, load_index
 from .passes import PassContext, SamplePass, ShardPass
-from .plan import EQUAL_RULES, RankPlan, rank_plan, shard_order
+from .plan import DEFAULT_LANES, EQUAL_RULES, RankPlan, rank_plan, shard_order
 from .progress import WorkerMarks
 from .samples import ReadStats
 from .state import (
@@ -46,6 +47,7 @@ class _StreamConfig:
     split_by_worker: bool
     equal_ranks: Optional[str]
     batch_size: int
+    lanes: int
 
     def __post_init__(self) -> None:
         if self.shuffle_buffer < 0:
@@ -56,11 +58,14 @@ class _StreamConfig:
         if (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                 or self.batch_size < 1):
             raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
+            raise ValueError(f"lanes must be None or an int >= 1, got {self.lanes!r}")
 
     def identity_config(self) -> Dict[str, Any]:
         return {"seed": self.seed, "shuffle": self.shuffle_buffer,
                 "shard_shuffle": self.shard_shuffle, "equal_ranks": self.equal_ranks,
-                "split_by_rank": self.split_by_rank, "split_by_worker": self.split_by_worker}
+                "split_by_rank": self.split_by_rank, "split_by_worker": self.split_by_worker,
+                "lanes": self.lanes}
 
 
 def _shuffle_config(shuffle: Union[bool, int]) -> tuple:
@@ -95,7 +100,9 @@ class ShardStream(IterableDataset):
     Yields the same dicts as ``webdataset.WebDataset(urls, shardshuffle=False)`` when
     ``shuffle=False``: ``{"__key__", "__url__", "__local_path__", <ext>: bytes, ...}``.
     ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly (see
-    docs/shardstream.md for the order and resume guarantees).
+    docs/shardstream.md for the order and resume guarantees). ``index_info`` says where the
+    index came from: how many shards from a ``sidecar``, the ``cache`` or a ``scan``, and the
+    ``seconds`` it took.
 
     Args:
         urls: a shard path, a list of paths, a glob (``"data/*.tar"``) or a brace pattern
@@ -111,12 +118,18 @@ class ShardStream(IterableDataset):
             samples per epoch (the rest of the epoch's sequence is dropped); ``"repeat"``:
             ``ceil(total / world_size)``, the last rank's share continuing from the start.
             Needs the shards' sample counts (an index, scanned if there is no sidecar).
-        index: ``"auto"`` (default): use ``SHARD.fsidx`` sidecars (``flashstream index``) when
-            every shard has one, or scan when ``equal_ranks`` needs counts; ``True``: always
-            (scan the shards without a sidecar, once, here); ``False``: never. With an index the
-            order does not depend on the number of DataLoader workers.
+        index: ``"auto"`` (default) or ``True``: know every shard's samples, from its
+            ``SHARD.fsidx`` sidecar (``flashstream index``), else from the index cache
+            (``FLASHSTREAM_INDEX_CACHE``), else by reading the shard once here (then cached).
+            The order then does not depend on the number of DataLoader workers, and
+            ``len()`` is exact. ``False``: no index, no scan; each worker reads its own
+            shards, so the order depends on the number of workers (see docs/shardstream.md).
         batch_size: with an index, the DataLoader's batch size: workers take turns in blocks
             of this many samples, so batches too are the same for any number of workers.
+        lanes: with an index, the rank's sequence interleaves this many contiguous runs of its
+            shards, each with its share of the shuffle buffer. A worker count dividing it
+            reads each lane front to back. Default (``None``): 16 when shuffling, else 1 (file
+            order, as webdataset).
         engine, chunk_size, queue_depth, direct: reader settings; ``None`` takes the
             process-wide value (see ``flashstream.settings``).
     """
@@ -133,6 +146,7 @@ class ShardStream(IterableDataset):
         equal_ranks: Union[bool, str] = False,
         index: Union[bool, str] = "auto",
         batch_size: int = 1,
+        lanes: Optional[int] = None,
         engine: Optional[str] = None,
         chunk_size: Optional[Size] = None,
         queue_depth: Optional[int] = None,
@@ -141,8 +155,10 @@ class ShardStream(IterableDataset):
         super().__init__()
         self.urls = expand_urls(urls)
         buffer, shard_shuffle = _shuffle_config(shuffle)
+        if lanes is None:
+            lanes = DEFAULT_LANES if buffer > 1 or shard_shuffle else 1
         self.config = _StreamConfig(buffer, shard_shuffle, seed, split_by_rank, split_by_worker,
-                                    _equal_rule(equal_ranks), batch_size)
+                                    _equal_rule(equal_ranks), batch_size, lanes)
         self.handler = resolve_handler(handler)
         self._io = dict(engine=engine, chunk_size=chunk_size, queue_depth=queue_depth,
                         direct=direct)
@@ -163,14 +179,18 @@ class ShardStream(IterableDataset):
     def _load_index(self, mode: Union[bool, str]) -> Optional[List[ShardIndex]]:
         if not (isinstance(mode, bool) or (isinstance(mode, str) and mode == "auto")):
             raise ValueError(f"index must be 'auto', True or False; got {mode!r}")
+        self.index_info: Dict[str, float] = {}
         if mode is False:
             if self.config.equal_ranks:
                 raise ValueError("equal_ranks needs every shard's sample count, which "
                                  "index=False forbids; use index='auto' or True")
             return None
-        scan = mode is True or self.config.equal_ranks is not None
-        return load_index(self.urls, scan_missing=scan, settings=self.io_settings,
-                          handler=self.handler)
+        start = time.perf_counter()
+        sources: Dict[str, int] = {}
+        found = load_index(self.urls, settings=self.io_settings, handler=self.handler,
+                           sources=sources)
+        self.index_info = dict(sources, seconds=time.perf_counter() - start)
+        return found
 
     # -- epochs and the plan ------------------------------------------------------------------
     @property
@@ -223,8 +243,7 @@ class ShardStream(IterableDataset):
         """Samples this rank delivers in the current epoch (all workers together); exact, and
         only known with an index."""
         if self.index is None:
-            raise TypeError("ShardStream has no length without an index: run `flashstream "
-                            "index SHARDS...` or pass index=True")
+            raise TypeError("ShardStream has no length with index=False (no index)")
         return self._rank_plan(self._world()).length
 
     # -- iteration ----------------------------------------------------------------------------
@@ -239,7 +258,7 @@ class ShardStream(IterableDataset):
         on_end = functools.partial(_record, self.board, info.id if info else 0)
         ctx = PassContext(self.urls, self.io_settings, self.handler, self.last_stats, on_end,
                           config.shuffle_buffer, config.seed, self.epoch, world.rank,
-                          world.worker, world.num_workers)
+                          world.worker, world.num_workers, config.lanes)
         if self.index is None:
             if config.split_by_rank and world.world_size > len(self.urls):
                 raise ValueError(

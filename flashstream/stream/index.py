@@ -2,8 +2,9 @@
 
 Knowing every shard's samples lets the stream plan an epoch by sample ranges (equal shares
 per rank, the same order for any number of DataLoader workers, an exact ``len()``). The index
-of a shard comes from a sidecar file ``SHARD.fsidx`` that ``flashstream index`` writes, or
-from scanning the shard (one full read).
+of a shard comes from a sidecar file ``SHARD.fsidx`` that ``flashstream index`` writes, else
+from the user's index cache (see :func:`cache_dir`), else from scanning the shard (one full
+read), whose result then goes into that cache so that it is read once per shard file.
 
 Sidecar format (JSON): ``{"format": "flashstream-shard-index", "version": 1, "shard_bytes":
 size of the shard file, "mtime_ns": its modification time, "compression": null | "gzip" |
@@ -16,20 +17,31 @@ shard often keeps its size; an index that does not match its shard would plan wr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 import os
+import sys
 import tempfile
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from ..settings import IOSettings
 from .handlers import Handler
 from .samples import Piece, Records
 from .urls import INDEX_SUFFIX, local_path
 
-__all__ = ["INDEX_SUFFIX", "ShardIndex", "load_index", "read_sidecar", "scan_shards",
-           "sidecar_path", "write_sidecar"]
+__all__ = ["CACHE_ENV", "INDEX_SUFFIX", "ShardIndex", "cache_dir", "cached_path", "load_index",
+           "read_cached", "read_sidecar", "scan_shards", "sidecar_path", "write_cached",
+           "write_sidecar"]
+
+log = logging.getLogger(__name__)
+
+#: Where scanned indexes are kept: a directory, or "off" to keep none.
+CACHE_ENV = "FLASHSTREAM_INDEX_CACHE"
 
 _FORMAT = "flashstream-shard-index"
 _VERSION = 1
@@ -113,7 +125,68 @@ def read_sidecar(url: str) -> Optional[ShardIndex]:
 
 def write_sidecar(url: str, index: ShardIndex) -> str:
     """Write ``SHARD.fsidx`` atomically (temporary file, then rename); returns its path."""
-    path = sidecar_path(url)
+    return _write_json(sidecar_path(url), index)
+
+
+def cache_dir() -> Optional[Path]:
+    """The index cache: ``$FLASHSTREAM_INDEX_CACHE`` (``off``: none), else
+    ``$XDG_CACHE_HOME/flashstream/index``, else ``~/.cache/flashstream/index``."""
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    if chosen.lower() in ("off", "0", "none", "false"):
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flashstream" / "index"
+
+
+def cached_path(url: str) -> Optional[Path]:
+    """The cache file for the shard as it is now: named by its real path, inode, size and
+    modification time, so a rewritten or replaced shard never meets its old index."""
+    directory = cache_dir()
+    if directory is None:
+        return None
+    path = os.path.realpath(local_path(url))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+    name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return directory / f"{name}{INDEX_SUFFIX}"
+
+
+def read_cached(url: str) -> Optional[ShardIndex]:
+    """The shard's cached index, None when there is none (an unreadable entry is ignored)."""
+    path = cached_path(url)
+    if path is None:
+        return None
+    try:
+        index = ShardIndex.from_json(json.loads(path.read_bytes()), str(path))
+        stat = os.stat(local_path(url))
+    except (OSError, ValueError):
+        return None
+    if (index.shard_bytes, index.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+        return None
+    return index
+
+
+def write_cached(url: str, index: ShardIndex) -> Optional[Path]:
+    """Keep a scanned index in the cache; best effort (an unwritable cache only costs a scan
+    next time). Returns the file written, or None."""
+    path = cached_path(url)
+    if path is None:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(str(path), index)
+    except OSError as exn:
+        log.warning("could not cache the index of %s in %s: %s", url, path.parent, exn)
+        return None
+    return path
+
+
+def _write_json(path: str, index: ShardIndex) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".fsidx-", dir=directory)
     try:
@@ -127,9 +200,11 @@ def write_sidecar(url: str, index: ShardIndex) -> str:
 
 
 def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
-                errors: Optional[Dict[int, BaseException]] = None) -> List[ShardIndex]:
+                errors: Optional[Dict[int, BaseException]] = None, *,
+                progress: bool = False) -> List[ShardIndex]:
     """Index shards by reading them once. A shard the handler skipped part of is indexed up to
-    the bad spot (what reading it delivers); ``errors`` collects those errors by shard."""
+    the bad spot (what reading it delivers); ``errors`` collects those errors by shard.
+    ``progress``: show a progress bar on a terminal."""
     offsets: List[List[int]] = [[] for _ in urls]
     ends: List[List[int]] = [[] for _ in urls]
     stats = []
@@ -142,9 +217,14 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
     records = Records([Piece(url) for url in urls], settings, handler)
     if errors is not None:
         records.errors = errors
-    for piece, offset, end, _sample in records:
-        offsets[piece].append(offset)
-        ends[piece].append(end)
+    bar = tqdm(total=len(urls), unit="shard", desc="flashstream: indexing shards",
+               disable=not (progress and sys.stderr.isatty()), leave=False)
+    with bar:
+        for piece, offset, end, _sample in records:
+            offsets[piece].append(offset)
+            ends[piece].append(end)
+            if piece >= bar.n:
+                bar.update(piece - bar.n)
     out = []
     for i in range(len(urls)):
         out.append(ShardIndex(np.asarray(offsets[i], dtype=np.int64),
@@ -153,16 +233,28 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
     return out
 
 
-def load_index(urls: Sequence[str], *, scan_missing: bool, settings: IOSettings,
-               handler: Handler) -> Optional[List[ShardIndex]]:
-    """Every shard's index from its sidecar; shards without one are scanned when
-    ``scan_missing``, else the result is None (no index)."""
+def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
+               sources: Optional[Dict[str, int]] = None) -> List[ShardIndex]:
+    """Every shard's index: its sidecar, else the cache, else a scan (then cached). A shard
+    scanned with errors the handler skipped is indexed as read but not cached. ``sources``
+    receives how many came from each: ``sidecar``, ``cache``, ``scan``."""
     found = [read_sidecar(url) for url in urls]
+    sidecars = sum(index is not None for index in found)
+    found = [index if index is not None else read_cached(url) for url, index in zip(urls, found)]
     missing = [i for i, index in enumerate(found) if index is None]
-    if missing and not scan_missing:
-        return None
+    if sources is not None:
+        sources.update(sidecar=sidecars, cache=len(urls) - sidecars - len(missing),
+                       scan=len(missing))
     if missing:
-        scanned = scan_shards([urls[i] for i in missing], settings, handler)
-        for i, index in zip(missing, scanned):
+        where = cache_dir()
+        log.info("indexing %d shard(s) by reading them once (%s); `flashstream index` writes "
+                 "sidecars instead", len(missing),
+                 f"kept in {where}" if where else f"not kept: {CACHE_ENV}=off")
+        errors: Dict[int, BaseException] = {}
+        scanned = scan_shards([urls[i] for i in missing], settings, handler, errors,
+                              progress=True)
+        for j, (i, index) in enumerate(zip(missing, scanned)):
             found[i] = index
+            if j not in errors:
+                write_cached(urls[i], index)
     return found  # type: ignore[return-value]

@@ -18,15 +18,20 @@ from ..settings import IOSettings
 from .decompress import is_compressed
 from .handlers import Handler
 from .index import ShardIndex
-from .plan import RankPlan, positions
+from .plan import RankPlan, lanes_for, positions, rank_sequence, read_order
 from .samples import Piece, ReadStats, Records, plan_reads
-from .shuffle import Draws, ShuffleBuffer, buffer_order
+from .shuffle import Draws, ShuffleBuffer
 from .state import Delivered
 from .urls import local_path
 
 __all__ = ["PassContext", "SamplePass", "ShardPass"]
 
 _MISSING = object()
+
+#: Reading by index, a worker reads each lane in runs of about this many bytes (or one read
+#: request, if larger): long enough for large reads, short enough that the samples read ahead
+#: of delivery stay a few MiB per lane.
+RUN_BYTES = 2 << 20
 
 Ref = Tuple[int, int, int]  # shard, offset of the sample's first header, offset past its end
 
@@ -46,6 +51,7 @@ class PassContext:
     rank: int
     worker: int
     workers: int
+    lanes: int = 1  # sample plan: lanes of the rank's sequence
 
     def records(self, pieces: List[Piece]) -> Iterator:
         return iter(Records(pieces, self.settings, self.handler, self.stats, self.on_end))
@@ -202,19 +208,20 @@ class SamplePass(_Work):
         mine = np.fromiter(positions(plan.length, ctx.worker, ctx.workers, self.block,
                                      base=self.done.below, skip=self.done.extra,
                                      start=self.cursor), dtype=np.int64)
-        inputs = mine
-        if ctx.buffer > 1:  # the rank's buffer, replayed over input numbers (no I/O)
-            order = buffer_order(plan.length, ctx.buffer,
-                                 Draws("buffer", ctx.seed, ctx.epoch, ctx.rank))
-            inputs = np.frombuffer(order, dtype=np.int64)[mine]
-        # Read in input (file) order; deliver in position order.
-        by_input = np.argsort(inputs, kind="stable")
-        shards, offsets, ends = self._refs(inputs[by_input])
-        pieces, owners = plan_reads(zip(shards.tolist(), offsets.tolist(), ends.tolist()),
-                                    ctx.urls, lambda s: self.index[s].compression is not None)
-        where = np.empty_like(by_input)
-        where[by_input] = np.arange(len(by_input))
-        wanted = zip(shards[where].tolist(), offsets[where].tolist())  # in position order
+        lanes = lanes_for(plan.length, ctx.lanes, self.block)
+        # The rank's lanes and buffers, replayed over input numbers (no I/O).
+        inputs = rank_sequence(lanes, ctx.buffer, ctx.seed, ctx.epoch, ctx.rank)[mine]
+        shards, offsets, ends = (np.empty_like(inputs) for _ in range(3))
+        ascending = np.argsort(inputs, kind="stable")
+        shards[ascending], offsets[ascending], ends[ascending] = self._refs(inputs[ascending])
+        # Read lane by lane in runs (see read_order); deliver in position order.
+        average = max(1, int((ends - offsets).sum()) // max(1, len(inputs)))
+        run = max(1, max(RUN_BYTES, ctx.settings.chunk_size) // average)
+        read = read_order(inputs, lanes, ctx.buffer, run)
+        pieces, owners = plan_reads(
+            zip(shards[read].tolist(), offsets[read].tolist(), ends[read].tolist()),
+            ctx.urls, lambda s: self.index[s].compression is not None)
+        wanted = zip(shards.tolist(), offsets.tolist())  # in position order
         records = ctx.records(pieces)
         got: Dict[Tuple[int, int], Optional[Dict]] = {}
         try:

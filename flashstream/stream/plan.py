@@ -10,11 +10,17 @@ Two plans:
   through its own shuffle buffer; a DataLoader interleaves the workers.
 - **Sample plan** (every shard's samples known): the epoch's samples, in shard order, form one
   global sequence ``G``; rank ``r`` takes a contiguous slice of ``G`` (sizes equal to within
-  one, or exactly equal under ``equal_ranks``), passes it through one shuffle buffer seeded
-  from (seed, epoch, rank), and its positions are dealt to the ``W`` workers in turn,
-  ``batch_size`` at a time (after a resume: the positions not delivered yet, again from worker
-  0). A DataLoader takes one item (or one batch) from each worker in turn, so it delivers the
-  rank's sequence itself, whatever ``W``.
+  one, or exactly equal under ``equal_ranks``). The slice is cut into ``K`` contiguous
+  **lanes**, each through its own shuffle buffer seeded from (seed, epoch, rank, lane), and
+  the rank's sequence takes ``batch_size`` positions from each lane in turn. Its positions are
+  dealt to the ``W`` workers in turn, ``batch_size`` at a time (after a resume: the positions
+  not delivered yet, again from worker 0). A DataLoader takes one item (or one batch) from
+  each worker in turn, so it delivers the rank's sequence itself, whatever ``W``.
+
+  Lanes are what keeps reads long: when ``W`` divides ``K``, worker ``w`` delivers exactly the
+  lanes ``w, w + W, ...``, each a contiguous run of the shards, so it reads them front to back.
+  (One lane and several workers: each worker would deliver every ``W``-th block of one
+  sequence, and read that much scattered.)
 """
 
 from __future__ import annotations
@@ -23,12 +29,18 @@ import bisect
 import dataclasses
 from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
 
-from .shuffle import rng_for
+import numpy as np
 
-__all__ = ["EQUAL_RULES", "RankPlan", "positions", "rank_plan", "shard_order"]
+from .shuffle import Draws, buffer_order, rng_for
+
+__all__ = ["DEFAULT_LANES", "EQUAL_RULES", "Lanes", "RankPlan", "lanes_for", "positions",
+           "rank_plan", "rank_sequence", "shard_order"]
 
 #: ``equal_ranks`` rules: drop the remainder of the epoch, or repeat from its start.
 EQUAL_RULES = ("drop", "repeat")
+
+#: Lanes of a shuffled stream: any worker count dividing it (1, 2, 4, 8, 16) reads whole lanes.
+DEFAULT_LANES = 16
 
 
 def shard_order(n_shards: int, *, shuffle: bool, seed: int, epoch: int) -> List[int]:
@@ -116,3 +128,78 @@ def positions(length: int, worker: int, workers: int, block: int, *, base: int =
         if p >= start and (j // block) % workers == worker:
             yield p
         j += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Lanes:
+    """A rank sequence of ``length`` positions drawn from ``count`` lanes, ``block`` at a time.
+
+    Block ``j`` of positions (``block`` of them) comes from lane ``j % count``, as that lane's
+    block ``j // count``; a lane is the run of inputs ``starts[lane]:starts[lane + 1]``. Lane
+    lengths are whole blocks, equal to within one block, and the one partial block (if
+    ``length`` is not a multiple of ``block``) is the sequence's last: so a worker's blocks stay
+    whole blocks and the last batch is the only short one, whatever the number of workers.
+    """
+
+    count: int
+    block: int
+    starts: np.ndarray  # count + 1 input numbers: lane l is starts[l]:starts[l + 1]
+
+    def lane_of(self, p: np.ndarray) -> np.ndarray:
+        return (p // self.block) % self.count
+
+    def step_of(self, p: np.ndarray) -> np.ndarray:
+        """Position ``p``'s place in its lane."""
+        return (p // (self.block * self.count)) * self.block + p % self.block
+
+    def position_of(self, lane: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return ((step // self.block) * self.count + lane) * self.block + step % self.block
+
+
+def lanes_for(length: int, count: int, block: int) -> Lanes:
+    """Cut ``length`` inputs into ``count`` lanes for blocks of ``block`` (see :class:`Lanes`)."""
+    blocks, tail = divmod(length, block)
+    rounds, longer = divmod(blocks, count)
+    sizes = [(rounds + (lane < longer)) * block + (tail if lane == longer else 0)
+             for lane in range(count)]
+    return Lanes(count, block, np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
+
+
+def lane_buffer(buffer: int, lanes: int) -> int:
+    """Each lane's share of a shuffle buffer of ``buffer`` samples (<= 1: no shuffling)."""
+    return max(2, -(-buffer // lanes)) if buffer > 1 else 0
+
+
+def rank_sequence(lanes: Lanes, buffer: int, *parts: object) -> np.ndarray:
+    """The rank's sequence: element ``p`` is the input (number in the rank's slice) delivered
+    at position ``p``. Each lane replays its own buffer (``lane_buffer``) over its input
+    numbers, seeded from ``parts`` and the lane: pure computation, no I/O."""
+    per = lane_buffer(buffer, lanes.count)
+    by_lane = []
+    for lane in range(lanes.count):
+        first, end = int(lanes.starts[lane]), int(lanes.starts[lane + 1])
+        if per > 1:
+            seed = ("buffer", *parts) + (("lane", lane) if lanes.count > 1 else ())
+            order = np.frombuffer(buffer_order(end - first, per, Draws(*seed)), dtype=np.int64)
+            by_lane.append(order + first)
+        else:
+            by_lane.append(np.arange(first, end, dtype=np.int64))
+    flat = np.concatenate(by_lane) if by_lane else np.zeros(0, dtype=np.int64)
+    p = np.arange(int(lanes.starts[-1]), dtype=np.int64)
+    return flat[lanes.starts[lanes.lane_of(p)] + lanes.step_of(p)]
+
+
+def read_order(inputs: np.ndarray, lanes: Lanes, buffer: int, run: int) -> np.ndarray:
+    """The order in which to read a worker's ``inputs`` (listed in delivery order): indices
+    into ``inputs``.
+
+    Inputs are read in runs of ``run`` consecutive inputs of a lane, in file order, and runs
+    in the order of the earliest position that could need them: a lane's buffer of ``b`` can
+    deliver input ``i`` of the lane at its step ``i - b`` at the earliest. So every input is
+    read before it is delivered, the samples read ahead of delivery stay within about a buffer
+    plus a run per lane, and a worker that owns whole lanes reads each of them front to back."""
+    per = lane_buffer(buffer, lanes.count)
+    lane = np.searchsorted(lanes.starts, inputs, side="right") - 1
+    within = inputs - lanes.starts[lane]
+    need = np.maximum((within // run) * run - per, 0)
+    return np.lexsort((inputs, lanes.position_of(lane, need)))

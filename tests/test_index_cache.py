@@ -1,0 +1,102 @@
+"""The default stream knows every shard's samples: a sidecar, else the index cache, else one
+scan whose result goes into the cache (keyed by the shard file as it is now)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from resume_child import UNEVEN, keys, write_uneven
+
+from flashstream import ShardStream
+from flashstream.cli import main as cli_main
+from flashstream.stream import index as index_module
+from flashstream.stream.index import CACHE_ENV, cached_path
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    directory = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(directory))
+    return directory
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    """Counts the shards scanned."""
+    scanned = []
+    real = index_module.scan_shards
+
+    def counting(urls, *args, **kw):
+        scanned.extend(urls)
+        return real(urls, *args, **kw)
+
+    monkeypatch.setattr(index_module, "scan_shards", counting)
+    return scanned
+
+
+def test_the_first_stream_scans_and_caches_the_next_reads_the_cache(tmp_path, cache, scans):
+    shards = write_uneven(tmp_path / "d")
+    first = ShardStream(shards)
+    assert first.plan == "samples" and len(first) == sum(UNEVEN)
+    assert scans == shards
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        cached_path(s).name for s in shards)
+    second = ShardStream(shards, shuffle=True)
+    assert scans == shards  # nothing scanned again
+    assert sorted(keys(second)) == sorted(keys(first))
+
+
+def test_a_rewritten_shard_is_scanned_again(tmp_path, cache, scans):
+    shards = write_uneven(tmp_path / "d")
+    ShardStream(shards)
+    other = write_uneven(tmp_path / "other", counts=(4,))
+    with open(shards[4], "wb") as f:  # s4 rewritten in place: now 4 samples
+        f.write(Path(other[0]).read_bytes())
+    os.utime(shards[4], ns=(1, 1))  # a different mtime even on a coarse clock
+    stream = ShardStream(shards)
+    assert scans[len(shards):] == [shards[4]]
+    assert len(stream) == sum(UNEVEN) - 9 + 4 == len(keys(stream))
+
+
+def test_sidecars_come_first(tmp_path, cache, scans):
+    shards = write_uneven(tmp_path / "d")
+    assert cli_main(["index", *shards]) == 0
+    assert ShardStream(shards).plan == "samples"
+    assert scans == [] and not cache.exists()
+
+
+def test_cache_off_scans_every_time(tmp_path, monkeypatch, scans):
+    monkeypatch.setenv(CACHE_ENV, "off")
+    shards = write_uneven(tmp_path / "d")
+    ShardStream(shards)
+    ShardStream(shards)
+    assert scans == shards + shards
+
+
+def test_an_unwritable_cache_only_costs_a_scan(tmp_path, monkeypatch, scans, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))
+    shards = write_uneven(tmp_path / "d")
+    with caplog.at_level(logging.WARNING, logger="flashstream"):
+        assert len(ShardStream(shards)) == sum(UNEVEN)
+    assert "could not cache the index" in caplog.text
+
+
+def test_a_corrupt_cache_entry_is_ignored(tmp_path, cache, scans):
+    shards = write_uneven(tmp_path / "d")
+    ShardStream(shards)
+    cached_path(shards[0]).write_text("{not json")
+    assert len(ShardStream(shards)) == sum(UNEVEN)
+    assert scans[len(shards):] == [shards[0]]
+
+
+def test_index_false_never_scans(tmp_path, cache, scans):
+    shards = write_uneven(tmp_path / "d")
+    stream = ShardStream(shards, index=False)
+    assert stream.plan == "shards" and scans == [] and not cache.exists()
+    with pytest.raises(TypeError, match="no length"):
+        len(stream)
