@@ -229,12 +229,13 @@ def test_state_is_json_and_small(shards):
     assert json.loads(json.dumps(state)) == state
     assert state["plan"] == "shards" and state["epoch"] == 0
     entry = state["workers"]["0"]
-    assert set(entry) == {"position", "shard", "offset", "buffer", "draws"}
+    assert set(entry) == {"position", "shard", "offset", "buffer", "draws", "finished"}
+    assert entry["finished"] is False
     # A buffer of 1000 took in all 32 samples; the 20 not delivered are held by reference
     # (shard, offset, end), not by copy.
     assert len(entry["buffer"]) == 3 * (N - 12) and entry["position"] == len(shards)
     (_, state), = capture(maker(shards, shuffle=True, index=True), None, [12]).values()
-    assert state["workers"] == {"0": {"cursor": 12}}
+    assert state["workers"] == {"0": {"cursor": 12, "finished": False}}
 
 
 def test_mismatched_states_are_refused(shards, monkeypatch):

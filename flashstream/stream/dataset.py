@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import functools
 import time
+import uuid
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -17,13 +18,14 @@ from .handlers import Handler, resolve_handler
 from .index import ShardIndex, load_index
 from .passes import PassContext, SamplePass, ShardPass
 from .plan import DEFAULT_LANES, EQUAL_RULES, RankPlan, rank_plan, shard_order
-from .progress import WorkerMarks
+from .progress import SharedNote, WorkerMarks
 from .samples import ReadStats
 from .state import (
     Delivered,
     Identity,
     check_state,
     find_states,
+    finished,
     merge_states,
     new_state,
     shard_digest,
@@ -87,6 +89,17 @@ def _equal_rule(equal_ranks: Union[bool, str]) -> Optional[str]:
         return equal_ranks
     raise ValueError(f"equal_ranks must be False, True (= 'drop'), 'drop' or 'repeat'; "
                      f"got {equal_ranks!r}")
+
+
+def _snapshot_steps(obj: Any) -> int:
+    """The largest ``_steps_since_snapshot`` of the StatefulDataLoader states in ``obj``."""
+    if isinstance(obj, dict):
+        own = obj.get("_steps_since_snapshot")
+        found = own if isinstance(own, int) and not isinstance(own, bool) else 0
+        return max([found, *(_snapshot_steps(v) for v in obj.values())])
+    if isinstance(obj, (list, tuple)):
+        return max([0, *(_snapshot_steps(v) for v in obj)])
+    return 0
 
 
 def _record(board: StatsBoard, slot: int, stats: ReadStats) -> None:
@@ -172,7 +185,10 @@ class ShardStream(IterableDataset):
         # Made here, in the process that builds the stream, so DataLoader workers share it.
         self.board = StatsBoard()
         self._marks = WorkerMarks()
+        self._main_epoch = SharedNote()  # the epoch set in this process, for persistent workers
+        self._consumed = SharedNote()  # "<token> <pass>": the pass that resumed a loaded state
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state not yet resumed
+        self._pending_token = ""  # names _pending (loaded in the main process) across processes
         self._active: Optional[Union[ShardPass, SamplePass]] = None
         self._plans: Dict[tuple, RankPlan] = {}
 
@@ -204,11 +220,40 @@ class ShardStream(IterableDataset):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._world()  # remember the job's rank now, for DataLoader workers started later
+        self._switch_epoch(epoch)
+        if get_worker_info() is None:
+            self._main_epoch.write(str(epoch))
+
+    def _switch_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self._active = None
         if self._pending is not None and self._pending["epoch"] != epoch:
             self._pending = None
         self.epoch = epoch
+
+    def _follow_main_epoch(self) -> None:
+        """In a worker: take the epoch the main process set last. A worker started before that
+        ``set_epoch`` (``persistent_workers=True``) would otherwise repeat its old epoch."""
+        text = self._main_epoch.read()
+        if text.isdigit() and int(text) != self.epoch:
+            self._switch_epoch(int(text))
+
+    def _take_pending(self, info: Any) -> Optional[Dict[str, Any]]:
+        """The loaded state this pass resumes, if any. A state loaded in the main process
+        resumes one pass only: every worker of the first pass that starts after the load (or
+        the first pass in this process), not the later passes whose workers copy the stream."""
+        resume, token = self._pending, self._pending_token
+        self._pending = None
+        if resume is None or not token:
+            return resume
+        consumed = self._consumed.read().split()
+        if info is None:
+            return None if consumed[:1] == [token] else resume
+        this_pass = str(info.seed - info.id)  # the DataLoader's base seed: one per iterator
+        if consumed[:1] == [token] and consumed[1:] != [this_pass]:
+            return None
+        self._consumed.write(f"{token} {this_pass}")
+        return resume
 
     @property
     def io_settings(self) -> IOSettings:
@@ -251,8 +296,9 @@ class ShardStream(IterableDataset):
         config, world = self.config, self._world()
         info = get_worker_info()
         if info is not None:
+            self._follow_main_epoch()
             self._marks.mark(self.epoch)
-        resume, self._pending = self._pending, None
+        resume = self._take_pending(info)
         self.last_stats = ReadStats()
         # The board, not the stream: a pass kept by the stream must not keep the stream alive.
         on_end = functools.partial(_record, self.board, info.id if info else 0)
@@ -302,6 +348,9 @@ class ShardStream(IterableDataset):
             return new_state(identity, self.epoch, num_workers=world.num_workers,
                              batch_size=self.config.batch_size,
                              workers={str(world.worker): active.state()}, done=done)
+        if self._pending is not None and self._consumed.read().split()[:1] == [
+                self._pending_token]:
+            self._pending = None  # DataLoader workers resumed it and read on
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         if get_worker_info() is None and self._marks.last() == self.epoch:
@@ -317,15 +366,33 @@ class ShardStream(IterableDataset):
         DataLoader's state): the next pass continues its epoch exactly where it stopped.
         Raises ``ValueError`` when the state does not fit this stream and job."""
         check_state(state, self._identity(self._world()))
-        self.epoch = state["epoch"]
+        if finished(state) and state["epoch"] < self.epoch:
+            # Saved after the last sample of an epoch older than the one set (torchdata loads
+            # the state lazily, after the training loop's set_epoch): nothing to resume.
+            return
+        self._switch_epoch(state["epoch"])
         self._active = None
         self._pending = copy.deepcopy(state) if state["num_workers"] else None
+        in_main = get_worker_info() is None
+        self._pending_token = uuid.uuid4().hex if self._pending and in_main else ""
+        if in_main:
+            self._main_epoch.write(str(self.epoch))
 
     @staticmethod
     def collect_states(obj: Any) -> Dict[str, Any]:
         """One state from every ShardStream state found in ``obj``: for example the per-worker
         states inside a StatefulDataLoader's ``state_dict()``. Load it to resume with a
-        different number of workers (index needed) or without the DataLoader's own state."""
+        different number of workers (index needed) or without the DataLoader's own state.
+
+        Raises ``ValueError`` for a StatefulDataLoader state taken between worker snapshots
+        (``snapshot_every_n_steps`` > 1): its workers' states are older than what it
+        delivered, and only StatefulDataLoader itself can replay the difference."""
+        steps = _snapshot_steps(obj)
+        if steps:
+            raise ValueError(f"this StatefulDataLoader state was taken {steps} step(s) after "
+                             f"its workers' last snapshot, so their positions are behind what "
+                             f"it delivered; save with snapshot_every_n_steps=1 to collect "
+                             f"states, or resume through StatefulDataLoader.load_state_dict")
         return merge_states(find_states(obj))
 
     def __getstate__(self) -> Dict[str, Any]:

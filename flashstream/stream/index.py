@@ -225,6 +225,10 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
             ends[piece].append(end)
             if piece >= bar.n:
                 bar.update(piece - bar.n)
+    if errors is not None:
+        for i in range(len(urls)):  # the handler ended the scan before these: not indexed
+            if i not in records.codecs and i not in errors:
+                errors[i] = RuntimeError(f"{urls[i]}: not read (the handler ended the scan)")
     out = []
     for i in range(len(urls)):
         out.append(ShardIndex(np.asarray(offsets[i], dtype=np.int64),

@@ -108,7 +108,8 @@ class ShardPass(_Work):
             refs.extend(ref)
         return {"position": self.position, "shard": self._shard_at(self.position),
                 "offset": self.offset, "buffer": refs,
-                "draws": self.buffer.draws.count if self.buffer is not None else 0}
+                "draws": self.buffer.draws.count if self.buffer is not None else 0,
+                "finished": self.position >= len(self.shards) and not refs}
 
     def _pieces(self) -> Tuple[List[Piece], List[int], int]:
         urls = self.ctx.urls
@@ -181,7 +182,7 @@ class SamplePass(_Work):
         self.cursor = cursor  # every position of ours below it was delivered
 
     def state(self) -> Dict[str, object]:
-        return {"cursor": self.cursor}
+        return {"cursor": self.cursor, "finished": self.cursor >= self.plan.length}
 
     def _refs(self, inputs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(shard, offset, end) arrays of the ascending input numbers ``inputs``: one numpy

@@ -10,10 +10,14 @@ Layout (see docs/shardstream.md, "Exact resume")::
      "done_below": 0, "done_extra": []}          # sample plan: positions delivered before
 
 ``num_workers == 0`` and no entries: nothing of the epoch was delivered yet. Shard-plan entry:
-``{"position": i, "shard": s, "offset": o, "buffer": [s, o, e, ...], "draws": d}`` (the
-worker's next shard in its list, the byte offset of the next sample header to read there, the
-buffered samples by reference, the buffer's draw count). Sample-plan entry: ``{"cursor": p}``
-(the worker delivered all its positions below ``p``).
+``{"position": i, "shard": s, "offset": o, "buffer": [s, o, e, ...], "draws": d, "finished":
+b}`` (the worker's next shard in its list, the byte offset of the next sample header to read
+there, the buffered samples by reference, the buffer's draw count, whether it delivered all of
+its share). Sample-plan entry: ``{"cursor": p, "finished": b}`` (the worker delivered all its
+positions below ``p``).
+
+A DataLoader worker's own state has its entry only; ``merge_states`` (``collect_states``)
+joins the entries of all workers.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 from .plan import positions
 
 __all__ = ["FORMAT", "Delivered", "Identity", "check_state", "delivered", "find_states",
-           "merge_states", "new_state", "shard_digest", "shard_entry", "worker_cursor"]
+           "finished", "merge_states", "new_state", "shard_digest", "shard_entry",
+           "worker_cursor"]
 
 FORMAT = "flashstream.ShardStream"
 VERSION = 1
@@ -100,6 +105,12 @@ def check_state(state: Any, identity: Identity) -> None:
                          f"{identity.world_size}: each rank must load its own state, and "
                          f"resuming mid-epoch with a different number of ranks is not "
                          f"supported (start the next epoch instead)")
+
+
+def finished(state: Dict[str, Any]) -> bool:
+    """True when every worker entry in ``state`` delivered all of its share of the epoch."""
+    entries = state["workers"].values()
+    return bool(entries) and all(entry.get("finished") for entry in entries)
 
 
 def find_states(obj: Any) -> List[Dict[str, Any]]:
@@ -177,10 +188,15 @@ def delivered(state: Dict[str, Any], length: int) -> Delivered:
 
 def worker_cursor(state: Dict[str, Any], worker: int, workers: int, block: int,
                   length: int) -> Tuple[Delivered, int]:
-    """Sample plan: (positions delivered before, first position to consider) for ``worker``."""
+    """Sample plan: (positions delivered before, first position to consider) for ``worker``.
+
+    A worker's own state (one entry, as StatefulDataLoader hands it back to the same worker,
+    which also resumes its round-robin at the right worker) continues from its cursor. Any
+    other state (merged from several workers) is turned into the set of positions delivered,
+    and the rest is dealt again from worker 0, as a fresh DataLoader reads them."""
     entry = state["workers"].get(str(worker))
     same_layout = (state["num_workers"], state["batch_size"]) == (workers, block)
-    if entry is not None and same_layout:
+    if entry is not None and same_layout and len(state["workers"]) == 1:
         return Delivered(state["done_below"], frozenset(state["done_extra"])), int(entry["cursor"])
     done = delivered(state, length)
     return done, done.below
@@ -197,6 +213,12 @@ def shard_entry(state: Dict[str, Any], worker: int, workers: int) -> Optional[Di
                          f"reads its own shards, so resume with num_workers="
                          f"{state['num_workers'] if state['num_workers'] > 1 else '0 or 1'} "
                          f"(or index the shards with `flashstream index` to change it)")
+    if workers > 1 and len(state["workers"]) > 1:
+        raise ValueError(f"a state merged from {len(state['workers'])} DataLoader workers "
+                         f"cannot resume the shard plan in order: a new DataLoader starts its "
+                         f"round-robin at worker 0, not where the saved one stopped. Resume "
+                         f"through StatefulDataLoader.load_state_dict (same num_workers), with "
+                         f"num_workers=0 or 1, or use the default index (sample plan)")
     entry = state["workers"].get(str(worker))
     if entry is None:
         raise ValueError(f"the state has no entry for DataLoader worker {worker}: pass the "

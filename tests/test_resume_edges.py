@@ -1,0 +1,135 @@
+"""Resume and epoch edge cases found in review: merged states with the same worker count, a
+loaded state that DataLoader workers already consumed, a checkpoint at an epoch's end loaded
+lazily after set_epoch, StatefulDataLoader snapshots, persistent workers, and a scan ended by
+the handler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from resume_child import keys, write_uneven
+
+from flashstream import ShardStream
+from flashstream.stream.index import CACHE_ENV
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchdata")
+from torch.utils.data import DataLoader  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_uneven(tmp_path_factory.mktemp("uneven"))
+
+
+def _make(shards, **kw):
+    return lambda: ShardStream(shards, shuffle=4, seed=1, **kw)
+
+
+def _saved_after(make, workers, n, **loader_kw):
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=workers, **loader_kw)
+    it = iter(loader)
+    before = [next(it)["__key__"] for _ in range(n)]
+    return before, json.loads(json.dumps(loader.state_dict()))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_a_merged_state_resumes_in_order_with_any_worker_count(shards, workers):
+    make = _make(shards)
+    before, saved = _saved_after(make, 2, 3)
+    stream = make()
+    stream.load_state_dict(ShardStream.collect_states(saved))
+    after = keys(DataLoader(stream, batch_size=None, num_workers=workers))
+    assert before + after == keys(make())
+
+
+def test_the_shard_plan_refuses_a_merged_state_it_cannot_resume_in_order(shards):
+    make = _make(shards, index=False)
+    _, saved = _saved_after(make, 2, 3)
+    stream = make()
+    stream.load_state_dict(ShardStream.collect_states(saved))
+    with pytest.raises(ValueError, match="round-robin at worker 0"):
+        keys(DataLoader(stream, batch_size=None, num_workers=2))
+
+
+def test_a_loaded_state_resumes_one_pass_only(shards):
+    make = _make(shards)
+    full = keys(make())
+    first = make()
+    it = iter(first)
+    head = [next(it)["__key__"] for _ in range(5)]
+    state = json.loads(json.dumps(first.state_dict()))
+    stream = make()
+    stream.load_state_dict(state)
+    loader = DataLoader(stream, batch_size=None, num_workers=2)
+    assert head + keys(loader) == full  # the first pass resumes ...
+    assert keys(loader) == full  # ... a second pass of the epoch starts it over
+    with pytest.raises(RuntimeError, match="being read by DataLoader workers"):
+        stream.state_dict()  # never the stale loaded state
+
+
+def test_a_consumed_state_is_not_returned_while_workers_read(shards):
+    make = _make(shards)
+    first = make()
+    it = iter(first)
+    next(it)
+    stream = make()
+    stream.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    it = iter(DataLoader(stream, batch_size=None, num_workers=2))
+    next(it)
+    with pytest.raises(RuntimeError, match="being read by DataLoader workers"):
+        stream.state_dict()
+    del it
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_checkpoint_at_the_end_of_an_epoch_loaded_after_set_epoch(shards, workers):
+    """torchdata loads the dataset state lazily, after the loop's set_epoch(next)."""
+    make = _make(shards)
+    expected = make()
+    expected.set_epoch(1)
+    epoch1 = keys(expected)
+    stream = make()
+    loader = StatefulDataLoader(stream, batch_size=None, num_workers=workers)
+    keys(loader)  # all of epoch 0
+    saved = json.loads(json.dumps(loader.state_dict()))
+    stream = make()
+    loader = StatefulDataLoader(stream, batch_size=None, num_workers=workers)
+    loader.load_state_dict(saved)
+    stream.set_epoch(1)
+    assert keys(loader) == epoch1 and stream.epoch == 1
+
+
+def test_collect_states_refuses_a_state_between_snapshots(shards):
+    _, saved = _saved_after(_make(shards), 2, 8, snapshot_every_n_steps=5)
+    with pytest.raises(ValueError, match="snapshot_every_n_steps=1"):
+        ShardStream.collect_states(saved)
+
+
+def test_persistent_workers_follow_set_epoch(shards):
+    make = _make(shards)
+    orders = []
+    for epoch in (0, 1):
+        stream = make()
+        stream.set_epoch(epoch)
+        orders.append(keys(stream))
+    stream = make()
+    loader = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in (0, 1):
+        stream.set_epoch(epoch)
+        assert keys(loader) == orders[epoch]
+
+
+def test_a_scan_ended_by_the_handler_caches_nothing_it_did_not_read(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    paths = write_uneven(tmp_path / "d", counts=(5, 3, 4))
+    data = bytearray(Path(paths[1]).read_bytes())
+    data[1024 + 148:1024 + 155] = b"9999999"  # a header checksum after the first sample
+    Path(paths[1]).write_bytes(bytes(data))
+    stopped = ShardStream(paths, handler=lambda exn: False)  # end the stream at the bad header
+    assert [ix.count for ix in stopped.index] == [5, 1, 0]
+    fresh = ShardStream([paths[2]])
+    assert fresh.index_info["scan"] == 1 and len(fresh) == 4 == len(keys(fresh))
