@@ -133,3 +133,51 @@ def test_a_scan_ended_by_the_handler_caches_nothing_it_did_not_read(tmp_path, mo
     assert [ix.count for ix in stopped.index] == [5, 1, 0]
     fresh = ShardStream([paths[2]])
     assert fresh.index_info["scan"] == 1 and len(fresh) == 4 == len(keys(fresh))
+
+
+@pytest.mark.parametrize("reseed", ["manual_seed", "generator"])
+def test_a_second_pass_resumes_nothing_even_with_the_same_loader_seed(shards, reseed):
+    """Passes are told apart by which worker claimed the state, not by the DataLoader's seed,
+    which repeats when the training script reseeds before every pass."""
+    make = _make(shards)
+    full = keys(make())
+    first = make()
+    it = iter(first)
+    head = [next(it)["__key__"] for _ in range(5)]
+    stream = make()
+    stream.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    passes = []
+    for _ in range(2):
+        kw = {}
+        if reseed == "manual_seed":
+            torch.manual_seed(0)
+        else:
+            kw["generator"] = torch.Generator().manual_seed(7)
+        passes.append(keys(DataLoader(stream, batch_size=None, num_workers=2, **kw)))
+    assert head + passes[0] == full and passes[1] == full
+
+
+def test_persistent_workers_resume_a_state_loaded_after_they_started(shards):
+    make = _make(shards)
+    full = keys(make())
+    first = make()
+    it = iter(first)
+    head = [next(it)["__key__"] for _ in range(12)]
+    stream = make()
+    loader = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
+    keys(loader)  # a whole pass: the workers exist before the load
+    stream.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    stream.set_epoch(0)
+    assert head + keys(loader) == full
+    assert keys(loader) == full  # the next pass starts the epoch over
+
+
+def test_a_deep_copy_talks_to_its_own_workers(shards):
+    import copy
+
+    make = _make(shards)
+    reference = keys(make())
+    a = make()
+    b = copy.deepcopy(a)
+    b.set_epoch(3)
+    assert keys(DataLoader(a, batch_size=None, num_workers=1)) == reference

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
+import sys
 import time
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Union
@@ -18,7 +20,7 @@ from .handlers import Handler, resolve_handler
 from .index import ShardIndex, load_index
 from .passes import PassContext, SamplePass, ShardPass
 from .plan import DEFAULT_LANES, EQUAL_RULES, RankPlan, rank_plan, shard_order
-from .progress import SharedNote, WorkerMarks
+from .progress import Claims, SharedNote, WorkerMarks
 from .samples import ReadStats
 from .state import (
     Delivered,
@@ -103,7 +105,10 @@ def _snapshot_steps(obj: Any) -> int:
 
 
 def _record(board: StatsBoard, slot: int, stats: ReadStats) -> None:
-    """When a pass ends (here or in a DataLoader worker), add it to the shared board."""
+    """When a pass ends (here or in a DataLoader worker), add it to the shared board. Not while
+    the interpreter shuts down (a pass left unfinished is closed then, with builtins gone)."""
+    if sys.is_finalizing():
+        return
     board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts)
 
 
@@ -186,9 +191,10 @@ class ShardStream(IterableDataset):
         self.board = StatsBoard()
         self._marks = WorkerMarks()
         self._main_epoch = SharedNote()  # the epoch set in this process, for persistent workers
-        self._consumed = SharedNote()  # "<token> <pass>": the pass that resumed a loaded state
+        self._loaded = SharedNote()  # {"token", "state"} loaded in this process, for workers
+        self._claims = Claims()  # "<token>-<worker>": that worker resumed that loaded state
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state not yet resumed
-        self._pending_token = ""  # names _pending (loaded in the main process) across processes
+        self._pending_token = ""  # names a state loaded in the main process (see _loaded)
         self._active: Optional[Union[ShardPass, SamplePass]] = None
         self._plans: Dict[tuple, RankPlan] = {}
 
@@ -228,8 +234,13 @@ class ShardStream(IterableDataset):
         if epoch != self.epoch:
             self._active = None
         if self._pending is not None and self._pending["epoch"] != epoch:
-            self._pending = None
+            self._drop_pending()
         self.epoch = epoch
+
+    def _drop_pending(self) -> None:
+        if self._pending_token and get_worker_info() is None:
+            self._loaded.write("")  # workers started later must not resume it either
+        self._pending, self._pending_token = None, ""
 
     def _follow_main_epoch(self) -> None:
         """In a worker: take the epoch the main process set last. A worker started before that
@@ -239,21 +250,34 @@ class ShardStream(IterableDataset):
             self._switch_epoch(int(text))
 
     def _take_pending(self, info: Any) -> Optional[Dict[str, Any]]:
-        """The loaded state this pass resumes, if any. A state loaded in the main process
-        resumes one pass only: every worker of the first pass that starts after the load (or
-        the first pass in this process), not the later passes whose workers copy the stream."""
-        resume, token = self._pending, self._pending_token
-        self._pending = None
-        if resume is None or not token:
-            return resume
-        consumed = self._consumed.read().split()
+        """The loaded state this pass resumes, if any.
+
+        A state loaded in a worker (StatefulDataLoader hands each worker its own) resumes that
+        worker's next pass. A state loaded in the main process resumes one pass only: the
+        first in this process, or in each DataLoader worker the first it starts after the load
+        (workers read it from the shared note, so persistent workers see a later load too,
+        and claim it, so a later pass does not resume it again)."""
         if info is None:
-            return None if consumed[:1] == [token] else resume
-        this_pass = str(info.seed - info.id)  # the DataLoader's base seed: one per iterator
-        if consumed[:1] == [token] and consumed[1:] != [this_pass]:
+            resume, token = self._pending, self._pending_token
+            self._drop_pending()
+            if resume is not None and token and self._claims.claimed(token):
+                return None  # DataLoader workers resumed it already
+            return resume
+        if self._pending is not None and not self._pending_token:
+            resume, self._pending = self._pending, None  # loaded in this worker
+            return resume
+        self._pending, self._pending_token = None, ""  # the main process's: see the note
+        loaded = self._loaded.read()
+        if not loaded:
             return None
-        self._consumed.write(f"{token} {this_pass}")
-        return resume
+        try:
+            note = json.loads(loaded)
+        except ValueError:
+            return None
+        state = note["state"]
+        if state["epoch"] != self.epoch or not self._claims.claim(note["token"], info.id):
+            return None
+        return state
 
     @property
     def io_settings(self) -> IOSettings:
@@ -348,9 +372,8 @@ class ShardStream(IterableDataset):
             return new_state(identity, self.epoch, num_workers=world.num_workers,
                              batch_size=self.config.batch_size,
                              workers={str(world.worker): active.state()}, done=done)
-        if self._pending is not None and self._consumed.read().split()[:1] == [
-                self._pending_token]:
-            self._pending = None  # DataLoader workers resumed it and read on
+        if self._pending_token and self._claims.claimed(self._pending_token):
+            self._drop_pending()  # DataLoader workers resumed it and read on
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         if get_worker_info() is None and self._marks.last() == self.epoch:
@@ -370,13 +393,18 @@ class ShardStream(IterableDataset):
             # Saved after the last sample of an epoch older than the one set (torchdata loads
             # the state lazily, after the training loop's set_epoch): nothing to resume.
             return
+        in_main = get_worker_info() is None
         self._switch_epoch(state["epoch"])
         self._active = None
-        self._pending = copy.deepcopy(state) if state["num_workers"] else None
-        in_main = get_worker_info() is None
-        self._pending_token = uuid.uuid4().hex if self._pending and in_main else ""
+        self._drop_pending()
         if in_main:
             self._main_epoch.write(str(self.epoch))
+        if not state["num_workers"]:
+            return  # nothing of the epoch delivered: a fresh pass is the resume
+        self._pending = copy.deepcopy(state)
+        if in_main:
+            self._pending_token = uuid.uuid4().hex
+            self._loaded.write(json.dumps({"token": self._pending_token, "state": state}))
 
     @staticmethod
     def collect_states(obj: Any) -> Dict[str, Any]:

@@ -85,7 +85,7 @@ class ShardIndex:
             ends = np.asarray(data["ends"], dtype=np.int64).reshape(-1)
             size = int(data["shard_bytes"])
             mtime = int(data["mtime_ns"])
-        except (KeyError, TypeError, ValueError) as exn:
+        except (KeyError, TypeError, ValueError, OverflowError) as exn:
             raise bad(str(exn)) from None
         if len(offsets) != len(ends) or len(offsets) != data.get("samples"):
             raise bad("sample count does not match the offset lists")
@@ -141,8 +141,10 @@ def cache_dir() -> Optional[Path]:
 
 
 def cached_path(url: str) -> Optional[Path]:
-    """The cache file for the shard as it is now: named by its real path, inode, size and
-    modification time, so a rewritten or replaced shard never meets its old index."""
+    """The cache file for the shard as it is now: named by its real path, inode, size,
+    modification time and status-change time (which no tool can set back, unlike the
+    modification time that ``cp -p`` or ``touch -r`` restore), so a rewritten or replaced shard
+    never meets its old index."""
     directory = cache_dir()
     if directory is None:
         return None
@@ -151,7 +153,8 @@ def cached_path(url: str) -> Optional[Path]:
         st = os.stat(path)
     except OSError:
         return None
-    key = f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+    key = (f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+           f"\0{st.st_ctime_ns}")
     name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
     return directory / f"{name}{INDEX_SUFFIX}"
 
@@ -164,7 +167,7 @@ def read_cached(url: str) -> Optional[ShardIndex]:
     try:
         index = ShardIndex.from_json(json.loads(path.read_bytes()), str(path))
         stat = os.stat(local_path(url))
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - any broken entry only costs a scan
         return None
     if (index.shard_bytes, index.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
         return None
@@ -173,16 +176,12 @@ def read_cached(url: str) -> Optional[ShardIndex]:
 
 def write_cached(url: str, index: ShardIndex) -> Optional[Path]:
     """Keep a scanned index in the cache; best effort (an unwritable cache only costs a scan
-    next time). Returns the file written, or None."""
+    next time). Returns the file written, or None; raises OSError when it cannot write."""
     path = cached_path(url)
     if path is None:
         return None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(str(path), index)
-    except OSError as exn:
-        log.warning("could not cache the index of %s in %s: %s", url, path.parent, exn)
-        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(str(path), index)
     return path
 
 
@@ -257,8 +256,14 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
         errors: Dict[int, BaseException] = {}
         scanned = scan_shards([urls[i] for i in missing], settings, handler, errors,
                               progress=True)
+        failed: Optional[OSError] = None
         for j, (i, index) in enumerate(zip(missing, scanned)):
             found[i] = index
-            if j not in errors:
-                write_cached(urls[i], index)
+            if j not in errors and failed is None:
+                try:
+                    write_cached(urls[i], index)
+                except OSError as exn:
+                    failed = exn  # one warning, not one per shard
+        if failed is not None:
+            log.warning("could not cache shard indexes in %s: %s", where, failed)
     return found  # type: ignore[return-value]
