@@ -108,3 +108,34 @@ def test_lanes_are_part_of_the_resume_identity(tmp_path):
     state = stream.state_dict()
     with pytest.raises(ValueError, match="lanes=4"):
         _stream(shards, lanes=8).load_state_dict(state)
+
+
+@pytest.mark.parametrize("length,workers,block,base,start", [
+    (0, 1, 1, 0, 0), (10, 1, 1, 0, 0), (103, 3, 4, 0, 0), (103, 3, 4, 7, 0), (103, 3, 4, 7, 50),
+    (64, 4, 16, 0, 63), (5, 8, 2, 0, 0), (50, 2, 3, 60, 0)])
+def test_position_array_matches_positions(length, workers, block, base, start):
+    from flashstream.stream.plan import position_array
+
+    for worker in range(workers):
+        expected = list(positions(length, worker, workers, block, base=base, start=start))
+        got = position_array(length, worker, workers, block, base=base, start=start)
+        assert got.dtype == np.int64 and got.tolist() == expected
+
+
+def test_read_plans_from_arrays_match_the_reference_loop():
+    from flashstream.stream.samples import READ_THROUGH, plan_read_arrays, plan_reads
+
+    rng = np.random.default_rng(0)
+    urls = [f"s{i}.tar" for i in range(4)]
+    for _ in range(200):
+        n = int(rng.integers(0, 30))
+        shards = rng.integers(0, 4, n)
+        sizes = rng.integers(512, 3 * READ_THROUGH, n)
+        offsets = rng.integers(0, 40, n) * 512 + np.cumsum(sizes) * rng.integers(0, 2)
+        ends = offsets + sizes
+        compressed = set(rng.choice(4, 2, replace=False).tolist()).__contains__
+        expected = plan_reads(zip(shards.tolist(), offsets.tolist(), ends.tolist()), urls,
+                              compressed)
+        got = plan_read_arrays(shards.astype(np.int64), offsets.astype(np.int64),
+                               ends.astype(np.int64), urls, compressed)
+        assert got == expected

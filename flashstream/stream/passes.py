@@ -18,8 +18,8 @@ from ..settings import IOSettings
 from .decompress import is_compressed
 from .handlers import Handler
 from .index import ShardIndex
-from .plan import RankPlan, lanes_for, positions, rank_sequence, read_order
-from .samples import Piece, ReadStats, Records, plan_reads
+from .plan import RankPlan, lanes_for, position_array, rank_sequence, read_order
+from .samples import Piece, ReadStats, Records, plan_read_arrays, plan_reads
 from .shuffle import Draws, ShuffleBuffer
 from .state import Delivered
 from .urls import local_path
@@ -206,9 +206,8 @@ class SamplePass(_Work):
 
     def generate(self) -> Iterator[Dict]:
         ctx, plan = self.ctx, self.plan
-        mine = np.fromiter(positions(plan.length, ctx.worker, ctx.workers, self.block,
-                                     base=self.done.below, skip=self.done.extra,
-                                     start=self.cursor), dtype=np.int64)
+        mine = position_array(plan.length, ctx.worker, ctx.workers, self.block,
+                              base=self.done.below, skip=self.done.extra, start=self.cursor)
         lanes = lanes_for(plan.length, ctx.lanes, self.block)
         # The rank's lanes and buffers, replayed over input numbers (no I/O).
         inputs = rank_sequence(lanes, ctx.buffer, ctx.seed, ctx.epoch, ctx.rank)[mine]
@@ -219,9 +218,9 @@ class SamplePass(_Work):
         average = max(1, int((ends - offsets).sum()) // max(1, len(inputs)))
         run = max(1, max(RUN_BYTES, ctx.settings.chunk_size) // average)
         read = read_order(inputs, lanes, ctx.buffer, run)
-        pieces, owners = plan_reads(
-            zip(shards[read].tolist(), offsets[read].tolist(), ends[read].tolist()),
-            ctx.urls, lambda s: self.index[s].compression is not None)
+        pieces, owners = plan_read_arrays(
+            shards[read], offsets[read], ends[read], ctx.urls,
+            lambda s: self.index[s].compression is not None)
         wanted = zip(shards.tolist(), offsets.tolist())  # in position order
         records = ctx.records(pieces)
         got: Dict[Tuple[int, int], Optional[Dict]] = {}

@@ -33,8 +33,8 @@ import numpy as np
 
 from .shuffle import Draws, buffer_order, rng_for
 
-__all__ = ["DEFAULT_LANES", "EQUAL_RULES", "Lanes", "RankPlan", "lanes_for", "positions",
-           "rank_plan", "rank_sequence", "shard_order"]
+__all__ = ["DEFAULT_LANES", "EQUAL_RULES", "Lanes", "RankPlan", "lanes_for", "position_array",
+           "positions", "rank_plan", "rank_sequence", "read_order", "shard_order"]
 
 #: ``equal_ranks`` rules: drop the remainder of the epoch, or repeat from its start.
 EQUAL_RULES = ("drop", "repeat")
@@ -104,6 +104,20 @@ def rank_plan(counts: Sequence[int], order: Sequence[int], *, world_size: int, r
                 taken += b - a
             cursor += counts[shard]
     return RankPlan(tuple(units), tuple(starts), length)
+
+
+def position_array(length: int, worker: int, workers: int, block: int, *, base: int = 0,
+                   skip: AbstractSet[int] = frozenset(), start: int = 0) -> np.ndarray:
+    """:func:`positions` as an int64 array; without ``skip``, computed by numpy (an epoch's
+    positions are planned before its first read, so this is on the epoch's critical path)."""
+    if skip:
+        return np.fromiter(positions(length, worker, workers, block, base=base, skip=skip,
+                                     start=start), dtype=np.int64)
+    first = max(start - base, 0)
+    count = max(length - base, 0)
+    blocks = np.arange(worker, -(-count // block), workers, dtype=np.int64)
+    out = (blocks[:, None] * block + np.arange(block, dtype=np.int64)).ravel()
+    return out[(out >= first) & (out < count)] + base
 
 
 def positions(length: int, worker: int, workers: int, block: int, *, base: int = 0,

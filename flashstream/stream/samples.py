@@ -24,6 +24,8 @@ from typing import (
     Tuple,
 )
 
+import numpy as np
+
 from ..engine import TO_END, FormatError, Scanner, open_reader
 from ..errors import ShardFormatError
 from ..settings import IOSettings
@@ -31,7 +33,8 @@ from .decompress import DECOMPRESSION_ERRORS, Decompressor, detect
 from .handlers import Handler
 from .urls import local_path
 
-__all__ = ["READ_THROUGH", "Piece", "ReadStats", "Record", "Records", "plan_reads"]
+__all__ = ["READ_THROUGH", "Piece", "ReadStats", "Record", "Records", "plan_read_arrays",
+           "plan_reads"]
 
 #: Reading by index, a gap of at most this many bytes between two wanted samples of a shard
 #: is read through (and its samples dropped) rather than split into two requests: small
@@ -339,3 +342,29 @@ def plan_reads(refs: Iterable[Tuple[int, int, int]], urls: Sequence[str],
     flush()
     return pieces, owners
 
+
+
+def plan_read_arrays(shards: np.ndarray, offsets: np.ndarray, ends: np.ndarray,
+                     urls: Sequence[str], compressed: Callable[[int], bool]
+                     ) -> Tuple[List[Piece], List[int]]:
+    """:func:`plan_reads` of the refs given as three int64 arrays, with the runs found by numpy:
+    an epoch's reads are planned before its first read starts."""
+    count = len(shards)
+    if count == 0:
+        return [], []
+    kinds = {int(shard): compressed(int(shard)) for shard in np.unique(shards)}
+    packed = np.fromiter((kinds[int(shard)] for shard in shards), dtype=bool, count=count)
+    joins = ((shards[1:] == shards[:-1]) & (offsets[1:] >= ends[:-1])
+             & (packed[1:] | (offsets[1:] - ends[:-1] <= READ_THROUGH)))
+    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    stops = np.append(starts[1:], count)
+    pieces: List[Piece] = []
+    owners: List[int] = []
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        shard = int(shards[a])
+        zipped = bool(packed[a])
+        pieces.append(Piece(urls[shard], 0 if zipped else int(offsets[a]),
+                            TO_END if zipped else int(ends[b - 1]),
+                            keep=frozenset(offsets[a:b].tolist())))
+        owners.append(shard)
+    return pieces, owners
