@@ -29,6 +29,14 @@ def _make(shards, **kw):
     return lambda: ShardStream(shards, shuffle=4, seed=1, **kw)
 
 
+def _state_after(make, n):
+    """The keys of the first ``n`` samples of an in-process pass, and its state then."""
+    first = make()
+    it = iter(first)
+    head = [next(it)["__key__"] for _ in range(n)]
+    return head, json.loads(json.dumps(first.state_dict()))
+
+
 def _saved_after(make, workers, n, **loader_kw):
     loader = StatefulDataLoader(make(), batch_size=None, num_workers=workers, **loader_kw)
     it = iter(loader)
@@ -58,10 +66,7 @@ def test_the_shard_plan_refuses_a_merged_state_it_cannot_resume_in_order(shards)
 def test_a_loaded_state_resumes_one_pass_only(shards):
     make = _make(shards)
     full = keys(make())
-    first = make()
-    it = iter(first)
-    head = [next(it)["__key__"] for _ in range(5)]
-    state = json.loads(json.dumps(first.state_dict()))
+    head, state = _state_after(make, 5)
     stream = make()
     stream.load_state_dict(state)
     loader = DataLoader(stream, batch_size=None, num_workers=2)
@@ -73,11 +78,8 @@ def test_a_loaded_state_resumes_one_pass_only(shards):
 
 def test_a_consumed_state_is_not_returned_while_workers_read(shards):
     make = _make(shards)
-    first = make()
-    it = iter(first)
-    next(it)
     stream = make()
-    stream.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    stream.load_state_dict(_state_after(make, 1)[1])
     it = iter(DataLoader(stream, batch_size=None, num_workers=2))
     next(it)
     with pytest.raises(RuntimeError, match="being read by DataLoader workers"):
@@ -141,11 +143,9 @@ def test_a_second_pass_resumes_nothing_even_with_the_same_loader_seed(shards, re
     which repeats when the training script reseeds before every pass."""
     make = _make(shards)
     full = keys(make())
-    first = make()
-    it = iter(first)
-    head = [next(it)["__key__"] for _ in range(5)]
+    head, state = _state_after(make, 5)
     stream = make()
-    stream.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    stream.load_state_dict(state)
     passes = []
     for _ in range(2):
         kw = {}
@@ -160,13 +160,11 @@ def test_a_second_pass_resumes_nothing_even_with_the_same_loader_seed(shards, re
 def test_persistent_workers_resume_a_state_loaded_after_they_started(shards):
     make = _make(shards)
     full = keys(make())
-    first = make()
-    it = iter(first)
-    head = [next(it)["__key__"] for _ in range(12)]
+    head, state = _state_after(make, 12)
     stream = make()
     loader = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
     keys(loader)  # a whole pass: the workers exist before the load
-    stream.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    stream.load_state_dict(state)
     stream.set_epoch(0)
     assert head + keys(loader) == full
     assert keys(loader) == full  # the next pass starts the epoch over
