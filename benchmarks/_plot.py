@@ -31,14 +31,32 @@ COLORS = {"ShardStream": "tab:blue", "webdataset": "tab:orange", "probe": "tab:g
           "fio": "tab:gray"}
 
 
-def plot_epoch(payload: Dict[str, object], path: Path) -> Optional[Path]:
-    """Draw the figure for an epoch.py JSON payload into ``path``; None without matplotlib."""
+def pyplot():
+    """matplotlib's pyplot drawing to files only (no display, no GUI toolkit to import), or
+    None when matplotlib is not installed."""
     try:
         import matplotlib
 
-        matplotlib.use("Agg")  # files only: no display, and no GUI toolkit to import
+        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def save(fig, path: Path) -> Path:
+    """Lay out, write (making the directory) and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def plot_epoch(payload: Dict[str, object], path: Path) -> Optional[Path]:
+    """Draw the figure for an epoch.py JSON payload into ``path``; None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
         return None
     results = payload["results"]
     fig, axes = plt.subplots(len(results), 2, figsize=(13, 4.3 * len(results)), squeeze=False)
@@ -47,11 +65,7 @@ def plot_epoch(payload: Dict[str, object], path: Path) -> Optional[Path]:
         _throughput(left, name, run, result["median"], payload.get("probe"))
         _latency_cdf(right, name, run)
     fig.suptitle(_title(payload), fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _title(payload: Dict[str, object]) -> str:
@@ -193,12 +207,8 @@ def plot_checkpoint(payload: Dict[str, object], path: Path) -> Optional[Path]:
     force dashed; torch.save and dcp from the device counters), with fio's sequential write;
     (2) the stall per save; (3) with --reader, the reader's p95 request latency beside each
     writer against idle. None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     writers = {k: v for k, v in payload["writers"].items() if "error" not in v}
     reader = any(v.get("reader") for v in writers.values())
@@ -213,11 +223,7 @@ def plot_checkpoint(payload: Dict[str, object], path: Path) -> Optional[Path]:
                  f"({env.get('tensors')} tensors) on {env.get('device_name') or env['device']} "
                  f"({env.get('device_model') or 'unknown model'}), engine {env['engine']}, "
                  f"{config['saves']} saves per writer", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _write_timelines(ax, writers: Dict[str, Dict], fio: Dict[str, object]) -> None:

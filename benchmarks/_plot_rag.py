@@ -13,18 +13,16 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional
 
+from _plot import pyplot, save
+
 from flashstream.sizes import format_size
 
 COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
 
 
 def plot_rag(payload: Dict[str, object], path: Path) -> Optional[Path]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
     slo_ms = float(payload["config"]["slo"]) * 1e3
@@ -48,11 +46,7 @@ def plot_rag(payload: Dict[str, object], path: Path) -> Optional[Path]:
                  f"({format_size(int(index.get('file_bytes') or 0))}) on "
                  f"{env.get('device_name') or env.get('device')}, {env.get('threads')} threads, "
                  f"k={env.get('k')}", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _label(scenario: Dict[str, object]) -> str:
