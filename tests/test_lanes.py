@@ -122,6 +122,32 @@ def test_position_array_matches_positions(length, workers, block, base, start):
         assert got.dtype == np.int64 and got.tolist() == expected
 
 
+def _reference_plan(refs, urls, compressed):
+    """The read plan, one ref at a time: what plan_read_arrays must find with numpy."""
+    from flashstream.engine import TO_END
+    from flashstream.stream.samples import READ_THROUGH, Piece
+
+    pieces, owners, run = [], [], None
+
+    def flush():
+        if run is not None:
+            shard, start, end, offsets, packed = run
+            pieces.append(Piece(urls[shard], 0 if packed else start, TO_END if packed else end,
+                                keep=frozenset(offsets)))
+            owners.append(shard)
+
+    for shard, offset, end in refs:
+        if (run is not None and run[0] == shard and offset >= run[2]
+                and (run[4] or offset - run[2] <= READ_THROUGH)):
+            run[2] = end
+            run[3].append(offset)
+            continue
+        flush()
+        run = [shard, offset, end, [offset], compressed(shard)]
+    flush()
+    return pieces, owners
+
+
 def test_read_plans_from_arrays_match_the_reference_loop():
     from flashstream.stream.samples import READ_THROUGH, plan_read_arrays, plan_reads
 
@@ -134,8 +160,9 @@ def test_read_plans_from_arrays_match_the_reference_loop():
         offsets = rng.integers(0, 40, n) * 512 + np.cumsum(sizes) * rng.integers(0, 2)
         ends = offsets + sizes
         compressed = set(rng.choice(4, 2, replace=False).tolist()).__contains__
-        expected = plan_reads(zip(shards.tolist(), offsets.tolist(), ends.tolist()), urls,
-                              compressed)
+        refs = list(zip(shards.tolist(), offsets.tolist(), ends.tolist()))
+        expected = _reference_plan(refs, urls, compressed)
         got = plan_read_arrays(shards.astype(np.int64), offsets.astype(np.int64),
                                ends.astype(np.int64), urls, compressed)
         assert got == expected
+        assert plan_reads(refs, urls, compressed) == expected

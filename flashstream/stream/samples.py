@@ -315,40 +315,19 @@ def _run(state: _Pass, on_end: Optional[Callable[[ReadStats], None]]) -> Iterato
 
 def plan_reads(refs: Iterable[Tuple[int, int, int]], urls: Sequence[str],
                compressed: Callable[[int], bool]) -> Tuple[List[Piece], List[int]]:
-    """Pieces reading the samples ``refs`` = ``(shard, offset, end)`` in the given order, and
-    the shard of each piece. Consecutive refs of one shard share a piece when they follow each
-    other in the file within :data:`READ_THROUGH`; a compressed shard is read from its start
-    (its offsets count in the decompressed stream), once per run of its refs."""
-    pieces: List[Piece] = []
-    owners: List[int] = []
-    run: Optional[list] = None  # shard, start, end, offsets, compressed
-
-    def flush() -> None:
-        if run is None:
-            return
-        shard, start, end, offsets, packed = run
-        pieces.append(Piece(urls[shard], 0 if packed else start, TO_END if packed else end,
-                            keep=frozenset(offsets)))
-        owners.append(shard)
-
-    for shard, offset, end in refs:
-        if (run is not None and run[0] == shard and offset >= run[2]
-                and (run[4] or offset - run[2] <= READ_THROUGH)):
-            run[2] = end
-            run[3].append(offset)
-            continue
-        flush()
-        run = [shard, offset, end, [offset], compressed(shard)]
-    flush()
-    return pieces, owners
-
+    """:func:`plan_read_arrays` of ``refs`` given as ``(shard, offset, end)`` tuples."""
+    table = np.asarray(list(refs), dtype=np.int64).reshape(-1, 3)
+    return plan_read_arrays(table[:, 0], table[:, 1], table[:, 2], urls, compressed)
 
 
 def plan_read_arrays(shards: np.ndarray, offsets: np.ndarray, ends: np.ndarray,
                      urls: Sequence[str], compressed: Callable[[int], bool]
                      ) -> Tuple[List[Piece], List[int]]:
-    """:func:`plan_reads` of the refs given as three int64 arrays, with the runs found by numpy:
-    an epoch's reads are planned before its first read starts."""
+    """Pieces reading the samples ``(shards[i], offsets[i], ends[i])`` in the given order, and
+    the shard of each piece. Consecutive refs of one shard share a piece when they follow each
+    other in the file within :data:`READ_THROUGH`; a compressed shard is read from its start
+    (its offsets count in the decompressed stream), once per run of its refs. The runs are
+    found by numpy: an epoch's reads are planned before its first read starts."""
     count = len(shards)
     if count == 0:
         return [], []
