@@ -29,6 +29,7 @@ from .state import (
     find_states,
     finished,
     merge_states,
+    nested_dicts,
     new_state,
     shard_digest,
     shard_entry,
@@ -95,13 +96,8 @@ def _equal_rule(equal_ranks: Union[bool, str]) -> Optional[str]:
 
 def _snapshot_steps(obj: Any) -> int:
     """The largest ``_steps_since_snapshot`` of the StatefulDataLoader states in ``obj``."""
-    if isinstance(obj, dict):
-        own = obj.get("_steps_since_snapshot")
-        found = own if isinstance(own, int) and not isinstance(own, bool) else 0
-        return max([found, *(_snapshot_steps(v) for v in obj.values())])
-    if isinstance(obj, (list, tuple)):
-        return max([0, *(_snapshot_steps(v) for v in obj)])
-    return 0
+    steps = (found.get("_steps_since_snapshot") for found in nested_dicts(obj))
+    return max((n for n in steps if isinstance(n, int) and not isinstance(n, bool)), default=0)
 
 
 def _record(board: StatsBoard, slot: int, stats: ReadStats) -> None:
@@ -227,8 +223,6 @@ class ShardStream(IterableDataset):
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._world()  # remember the job's rank now, for DataLoader workers started later
         self._switch_epoch(epoch)
-        if get_worker_info() is None:
-            self._main_epoch.write(str(epoch))
 
     def _switch_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -236,6 +230,8 @@ class ShardStream(IterableDataset):
         if self._pending is not None and self._pending["epoch"] != epoch:
             self._drop_pending()
         self.epoch = epoch
+        if get_worker_info() is None:
+            self._main_epoch.write(str(epoch))  # for workers already started (persistent)
 
     def _drop_pending(self) -> None:
         if self._pending_token and get_worker_info() is None:
@@ -266,7 +262,7 @@ class ShardStream(IterableDataset):
         if self._pending is not None and not self._pending_token:
             resume, self._pending = self._pending, None  # loaded in this worker
             return resume
-        self._pending, self._pending_token = None, ""  # the main process's: see the note
+        self._drop_pending()  # a copy of the main process's: its note is the one to read
         loaded = self._loaded.read()
         if not loaded:
             return None
@@ -393,16 +389,13 @@ class ShardStream(IterableDataset):
             # Saved after the last sample of an epoch older than the one set (torchdata loads
             # the state lazily, after the training loop's set_epoch): nothing to resume.
             return
-        in_main = get_worker_info() is None
         self._switch_epoch(state["epoch"])
         self._active = None
         self._drop_pending()
-        if in_main:
-            self._main_epoch.write(str(self.epoch))
         if not state["num_workers"]:
             return  # nothing of the epoch delivered: a fresh pass is the resume
         self._pending = copy.deepcopy(state)
-        if in_main:
+        if get_worker_info() is None:
             self._pending_token = uuid.uuid4().hex
             self._loaded.write(json.dumps({"token": self._pending_token, "state": state}))
 

@@ -44,25 +44,46 @@ def _rmtree(path: str, owner_pid: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class SharedNote:
-    """A line of text shared through a small file; replaced whole, so a reader never sees half
-    a write. Failures are ignored: only safety checks depend on it."""
+class _Shared:
+    """A path in shared memory, made by the creating object and removed when it is collected.
+    Pickled copies (DataLoader workers) open the same path and never remove it; a deep copy
+    makes its own."""
 
     def __init__(self, path: Optional[str] = None) -> None:
         if path is None:
-            fd, path = tempfile.mkstemp(prefix="flashstream-note-", dir=_shm())
-            os.close(fd)
-            weakref.finalize(self, _unlink, path, os.getpid())
+            path = self._make()
+            weakref.finalize(self, self._remove, path, os.getpid())
         self.path = path
+
+    @staticmethod
+    def _make() -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def _remove(path: str, owner_pid: int) -> None:
+        raise NotImplementedError
 
     def __getstate__(self) -> Dict[str, str]:
         return {"path": self.path}
 
     def __setstate__(self, state: Dict[str, str]) -> None:
-        self.path = state["path"]  # a worker's copy never removes the file
+        self.path = state["path"]
 
-    def __deepcopy__(self, memo: Dict[int, Any]) -> SharedNote:
+    def __deepcopy__(self, memo: Dict[int, Any]) -> _Shared:
         return type(self)()  # a copied stream talks to its own workers only
+
+
+class SharedNote(_Shared):
+    """A line of text shared through a small file; replaced whole, so a reader never sees half
+    a write. Failures are ignored: only safety checks depend on it."""
+
+    @staticmethod
+    def _make() -> str:
+        fd, path = tempfile.mkstemp(prefix="flashstream-note-", dir=_shm())
+        os.close(fd)
+        return path
+
+    _remove = staticmethod(_unlink)
 
     def write(self, text: str) -> None:
         directory = os.path.dirname(self.path)
@@ -94,24 +115,15 @@ class WorkerMarks(SharedNote):
         return int(text) if text.isdigit() else None
 
 
-class Claims:
+class Claims(_Shared):
     """Who took what once: ``claim(token, who)`` is True for the first caller with that pair,
     in any process (an exclusively created file), False ever after."""
 
-    def __init__(self, path: Optional[str] = None) -> None:
-        if path is None:
-            path = tempfile.mkdtemp(prefix="flashstream-claims-", dir=_shm())
-            weakref.finalize(self, _rmtree, path, os.getpid())
-        self.path = path
+    @staticmethod
+    def _make() -> str:
+        return tempfile.mkdtemp(prefix="flashstream-claims-", dir=_shm())
 
-    def __getstate__(self) -> Dict[str, str]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: Dict[str, str]) -> None:
-        self.path = state["path"]
-
-    def __deepcopy__(self, memo: Dict[int, Any]) -> Claims:
-        return Claims()
+    _remove = staticmethod(_rmtree)
 
     def claim(self, token: str, who: object) -> bool:
         try:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 from .plan import positions
 
 __all__ = ["FORMAT", "Delivered", "Identity", "check_state", "delivered", "find_states",
-           "finished", "merge_states", "new_state", "shard_digest", "shard_entry",
-           "worker_cursor"]
+           "finished", "merge_states", "nested_dicts", "new_state", "shard_digest",
+           "shard_entry", "worker_cursor"]
 
 FORMAT = "flashstream.ShardStream"
 VERSION = 1
@@ -113,18 +113,22 @@ def finished(state: Dict[str, Any]) -> bool:
     return bool(entries) and all(entry.get("finished") for entry in entries)
 
 
+def nested_dicts(obj: Any) -> Iterator[Dict[str, Any]]:
+    """Every dict inside ``obj`` (``obj`` itself included), through dicts, lists and tuples."""
+    if isinstance(obj, dict):
+        yield obj
+        values: Any = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        values = obj
+    else:
+        return
+    for value in values:
+        yield from nested_dicts(value)
+
+
 def find_states(obj: Any) -> List[Dict[str, Any]]:
     """Every ShardStream state nested anywhere in ``obj`` (e.g. a StatefulDataLoader's state)."""
-    if _is_state(obj):
-        return [obj]
-    found: List[Dict[str, Any]] = []
-    if isinstance(obj, dict):
-        for value in obj.values():
-            found.extend(find_states(value))
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            found.extend(find_states(value))
-    return found
+    return [found for found in nested_dicts(obj) if _is_state(found)]
 
 
 _SHARED = ("version", "plan", "epoch", "config", "shards", "world_size", "rank", "num_workers",
