@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -116,6 +116,15 @@ def _timed_search(mine: dict, reader, queries: np.ndarray, k: int, i: int, *, du
     mine["last"] = done
 
 
+def _turns(counter: Iterator[int], limit: float) -> Iterator[int]:
+    """A caller thread's query numbers: the next ones not taken from the shared ``counter``
+    (``next`` on an itertools.count is atomic), while below ``limit``."""
+    for i in counter:
+        if i >= limit:
+            return
+        yield i
+
+
 def _run(threads: int, body: Callable[[], None]) -> None:
     errors: List[BaseException] = []
 
@@ -160,10 +169,7 @@ def closed_loop(reader, queries: np.ndarray, k: int, *, threads: int = 1,
 
     def body() -> None:
         mine = collector.mine()
-        while True:
-            i = next(counter)
-            if i >= limit:
-                return
+        for i in _turns(counter, limit):
             t0 = time.perf_counter_ns()
             if deadline is not None and t0 >= deadline:
                 return
@@ -189,10 +195,7 @@ def open_loop(reader, queries: np.ndarray, k: int, *, qps: float, seconds: float
 
     def body() -> None:
         mine = collector.mine()
-        while True:
-            i = next(counter)
-            if i >= total:
-                return
+        for i in _turns(counter, total):
             at = start_ns + int(due[i])
             wait = at - time.perf_counter_ns()
             if wait > 0:
