@@ -12,7 +12,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -230,3 +230,14 @@ def write_json(path: Path, payload: Dict[str, object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str))
     return path
+
+
+def write_outputs(payload: Dict[str, object], json_path: Path,
+                  plot: Callable[[Dict[str, object], Path], Optional[Path]],
+                  plot_path: Path) -> None:
+    """Write the run's JSON and draw its figure, printing where each went (or why the figure
+    was skipped)."""
+    print(f"\nJSON: {write_json(json_path, payload)}")
+    drawn = plot(payload, plot_path)
+    print(f"plot: {drawn}" if drawn else "plot skipped: matplotlib is not installed "
+                                         "(pip install matplotlib)")

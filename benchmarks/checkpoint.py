@@ -394,10 +394,7 @@ def main(argv=None) -> int:
                           "writers": args.writers},
                "fio": out["fio"], "reader_idle": idle, "writers": out["writers"],
                "targets": verdicts}
-    print(f"\nJSON: {_bench.write_json(args.json, payload)}")
-    plot = _plot.plot_checkpoint(payload, args.plot)
-    print(f"plot: {plot}" if plot else "plot skipped: matplotlib is not installed "
-                                       "(pip install matplotlib)")
+    _bench.write_outputs(payload, args.json, _plot.plot_checkpoint, args.plot)
     return 0
 
 

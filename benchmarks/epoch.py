@@ -426,10 +426,7 @@ def main(argv=None) -> int:
                                             queue_depth=args.queue_depth)
     payload = {"environment": info, "settings": vars(settings), "loader": loader,
                "probe": _bench.probe_summary(probe), "results": results, "targets": verdicts}
-    print(f"\nJSON: {_bench.write_json(args.json, payload)}")
-    plot = _plot.plot_epoch(payload, args.plot)
-    print(f"plot: {plot}" if plot else "plot skipped: matplotlib is not installed "
-                                       "(pip install matplotlib)")
+    _bench.write_outputs(payload, args.json, _plot.plot_epoch, args.plot)
     return 0
 
 

@@ -382,12 +382,9 @@ def main(argv=None) -> int:
                                                for k, v in vars(args).items()},
                "build": prepared["build"], "recording": record, "open": opened, "warm": warm,
                "targets_qps": targets, "scenarios": scenarios, "targets": verdicts}
-    print(f"\nJSON: {_bench.write_json(args.json, payload)}")
     import _plot_rag
 
-    plot = _plot_rag.plot_rag(payload, args.plot)
-    print(f"plot: {plot}" if plot else "plot skipped: matplotlib is not installed "
-                                       "(pip install matplotlib)")
+    _bench.write_outputs(payload, args.json, _plot_rag.plot_rag, args.plot)
     return 0
 
 
