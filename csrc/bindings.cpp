@@ -22,6 +22,7 @@
 #include "io/sequential_reader.hpp"
 #include "probe/probe.hpp"
 #include "snapshot/cow_snapshot.hpp"
+#include "tar/batch_packer.hpp"
 #include "tar/tar_scanner.hpp"
 #include "telemetry/histogram.hpp"
 #include "telemetry/recorder.hpp"
@@ -175,6 +176,84 @@ class PyReader {
   std::unique_ptr<SequentialReader> reader_;
 };
 
+
+// Decodes an extension as the dict path does: the scanner lowercased ASCII; str.lower()
+// finishes the job for non-ASCII names, as webdataset's suffix.lower() does.
+nb::object decode_extension(const std::string& raw) {
+  PyObject* s = PyUnicode_DecodeUTF8(raw.data(), static_cast<Py_ssize_t>(raw.size()),
+                                     "surrogateescape");
+  if (s == nullptr) throw nb::python_error();
+  nb::object ext = nb::steal(s);
+  for (unsigned char c : raw)
+    if (c >= 0x80) return ext.attr("lower")();
+  return ext;
+}
+
+nb::object decode_name(const std::string& raw) {  // tarfile's rule: UTF-8, surrogateescape
+  PyObject* s = PyUnicode_DecodeUTF8(raw.data(), static_cast<Py_ssize_t>(raw.size()),
+                                     "surrogateescape");
+  if (s == nullptr) throw nb::python_error();
+  return nb::steal(s);
+}
+
+using I64Array = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I64In = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+I64Array copy_i64(const std::vector<int64_t>& v) {
+  std::unique_ptr<int64_t[]> copy(new int64_t[v.empty() ? 1 : v.size()]);
+  if (!v.empty()) std::memcpy(copy.get(), v.data(), v.size() * sizeof(int64_t));
+  nb::capsule owner(copy.get(), [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+  return I64Array(copy.release(), {v.size()}, owner);
+}
+
+// One batch being packed into a writable buffer (a shared-memory slab); holds the buffer's
+// export, so the memory can be neither freed nor resized while the packer lives.
+class PyBatchPacker {
+ public:
+  PyBatchPacker(nb::handle memory, uint64_t base, uint64_t region_bytes,
+                const std::vector<std::string>& exts)
+      : view_(std::make_unique<BufferView>(memory, /*writable=*/true)) {
+    try {
+      packer_ = std::make_unique<BatchPacker>(view_->writable_data(), view_->size(), base,
+                                              region_bytes, exts);
+    } catch (const std::invalid_argument& e) {
+      throw nb::value_error(e.what());
+    }
+  }
+
+  void relocate(nb::handle memory, uint64_t region_bytes) {
+    auto view = std::make_unique<BufferView>(memory, /*writable=*/true);
+    try {
+      packer_->relocate(view->writable_data(), view->size(), region_bytes);
+    } catch (const std::invalid_argument& e) {
+      throw nb::value_error(e.what());
+    }
+    view_ = std::move(view);  // releases the old buffer
+  }
+
+  size_t count() const { return packer_->count(); }
+  uint64_t region_bytes() const { return packer_->region_bytes(); }
+
+  // (keys, offsets, fields): keys as str, the shard offset of each sample's first header, and
+  // per field (ext, region offset, bytes used, lengths with -1 for absent).
+  nb::tuple result() const {
+    nb::list keys;
+    for (const std::string& key : packer_->keys()) keys.append(decode_name(key));
+    std::vector<int64_t> offsets(packer_->offsets().begin(), packer_->offsets().end());
+    nb::list fields;
+    for (const PackedField& f : packer_->fields())
+      fields.append(nb::make_tuple(decode_extension(f.ext), f.region, f.bytes,
+                                   copy_i64(f.lengths)));
+    return nb::make_tuple(keys, copy_i64(offsets), fields);
+  }
+
+  BatchPacker& packer() { return *packer_; }
+
+ private:
+  std::unique_ptr<BufferView> view_;
+  std::unique_ptr<BatchPacker> packer_;
+};
+
 class PyScanner {
  public:
   PyScanner() : key_key_("__key__"), url_key_("__url__"), local_key_("__local_path__") {}
@@ -217,6 +296,53 @@ class PyScanner {
     return out;
   }
 
+
+  // Shard offsets (first header, end) of the completed samples not taken yet, as two int64
+  // arrays; the samples stay in the scanner for take() or pack().
+  nb::tuple spans() {
+    const std::vector<Sample>& samples = scanner_.samples();
+    std::vector<int64_t> starts(samples.size()), ends(samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      starts[i] = static_cast<int64_t>(samples[i].offset);
+      ends[i] = static_cast<int64_t>(samples[i].end_offset);
+    }
+    return nb::make_tuple(copy_i64(starts), copy_i64(ends));
+  }
+
+  // Copies completed sample i into packers[targets[i]] (targets[i] < 0: dropped), from sample
+  // `start` on. Returns -1 once every sample is placed (the samples are then taken), or the
+  // index of a sample its packer has no region for (nothing taken: relocate that packer and
+  // call again from there).
+  int64_t pack(I64In targets, nb::list packers, size_t start) {
+    std::vector<Sample>& samples = scanner_.samples();
+    if (targets.shape(0) != samples.size())
+      throw nb::value_error("pack: need one target per completed sample");
+    std::vector<BatchPacker*> list;
+    for (nb::handle p : packers) list.push_back(&nb::cast<PyBatchPacker&>(p).packer());
+    const int64_t* t = targets.data();
+    for (size_t i = 0; i < samples.size(); ++i)
+      if (t[i] >= static_cast<int64_t>(list.size()))
+        throw nb::value_error("pack: a target names no packer");
+    int64_t refused = -1;
+    try {
+      nb::gil_scoped_release release;
+      for (size_t i = start; i < samples.size(); ++i) {
+        if (t[i] < 0) continue;
+        if (list[t[i]]->add(samples[i]) == BatchPacker::Status::kNoRegion) {
+          refused = static_cast<int64_t>(i);
+          break;
+        }
+      }
+    } catch (const std::length_error& e) {
+      throw nb::value_error(e.what());
+    }
+    if (refused < 0) {
+      scanner_.clear_samples();
+      fed_ = nb::none();
+    }
+    return refused;
+  }
+
   nb::dict stats() const {
     const ScanStats& s = scanner_.stats();
     nb::dict d;
@@ -246,26 +372,13 @@ class PyScanner {
     return d;
   }
 
-  // tarfile decodes names as UTF-8 with surrogateescape; we do the same.
-  static nb::object decode(const std::string& raw) {
-    PyObject* s = PyUnicode_DecodeUTF8(raw.data(), static_cast<Py_ssize_t>(raw.size()),
-                                       "surrogateescape");
-    if (s == nullptr) throw nb::python_error();
-    return nb::steal(s);
-  }
+  static nb::object decode(const std::string& raw) { return decode_name(raw); }
 
-  // Extensions repeat on every sample: decode each once. The scanner lowercased ASCII;
-  // str.lower() finishes the job for non-ASCII names, as webdataset's suffix.lower() does.
+  // Extensions repeat on every sample: decode each once.
   nb::object extension(const std::string& raw) {
     auto it = ext_cache_.find(raw);
     if (it != ext_cache_.end()) return it->second;
-    nb::object s = decode(raw);
-    for (unsigned char c : raw) {
-      if (c >= 0x80) {
-        s = s.attr("lower")();
-        break;
-      }
-    }
+    nb::object s = decode_extension(raw);
     PyObject* raw_str = s.release().ptr();
     PyUnicode_InternInPlace(&raw_str);
     s = nb::steal(raw_str);
@@ -651,7 +764,19 @@ NB_MODULE(_core, m) {
       .def("end_shard", &PyScanner::end_shard)
       .def_prop_ro("at_end", &PyScanner::at_end)
       .def("take", &PyScanner::take, nb::arg("with_offsets") = false)
+      .def("spans", &PyScanner::spans)
+      .def("pack", &PyScanner::pack, nb::arg("targets"), nb::arg("packers"),
+           nb::arg("start") = 0)
       .def("stats", &PyScanner::stats);
+  nb::class_<PyBatchPacker>(m, "BatchPacker")
+      .def(nb::init<nb::handle, uint64_t, uint64_t, const std::vector<std::string>&>(),
+           nb::arg("memory"), nb::arg("base"), nb::arg("region_bytes"), nb::arg("exts"),
+           "A batch packed into a writable buffer: region k (of region_bytes) at base + k * "
+           "region_bytes holds the k-th extension's payloads, in the order samples arrive.")
+      .def("relocate", &PyBatchPacker::relocate, nb::arg("memory"), nb::arg("region_bytes"))
+      .def_prop_ro("count", &PyBatchPacker::count)
+      .def_prop_ro("region_bytes", &PyBatchPacker::region_bytes)
+      .def("result", &PyBatchPacker::result);
   m.def("cow_available", &cow_available,
         "True when userfaultfd can write-protect memory here, kernel writes included.");
   m.def("cow_mode", [] { return std::string(cow_mode_name(cow_mode())); },
