@@ -17,6 +17,7 @@ from .checkpoint import (
 )
 from .engine import engine_name, uring_available
 from .errors import ChecksumError, FlashstreamError, IndexFormatError, ShardFormatError
+from .pipeline import DataPipeline, Pipeline, WebDataset, WebLoader
 from .retrieval import IndexReader, write_index
 from .sizes import parse_size
 from .stream import (
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveSettings",
     "CheckpointWriter",
+    "DataPipeline",
     "ChecksumError",
     "DeviceInfo",
     "EpochMonitor",
@@ -49,6 +51,7 @@ __all__ = [
     "IndexFormatError",
     "IndexReader",
     "LatencyHistogram",
+    "Pipeline",
     "ReadStats",
     "SaveReport",
     "ShardFormatError",
@@ -66,4 +69,6 @@ __all__ = [
     "uring_available",
     "write_index",
     "warn_and_continue",
+    "WebDataset",
+    "WebLoader",
 ]

@@ -18,6 +18,7 @@ from .settings import ENGINES, IOSettings
 __all__ = [
     "TO_END",
     "AdaptiveRate",
+    "BatchPacker",
     "ChunkReader",
     "CowSnapshot",
     "FormatError",
@@ -47,6 +48,9 @@ TO_END = (1 << 64) - 1
 #: Raised by the scanner for malformed tar data; ``args == (message, offset)``.
 FormatError = _core.FormatError
 Scanner = _core.Scanner
+#: ``BatchPacker(memory, base, region_bytes, exts)``: a tensor batch packed into a writable
+#: buffer by ``Scanner.pack`` (see csrc/tar/batch_packer.hpp).
+BatchPacker = _core.BatchPacker
 split_key = _core.split_key
 is_meta_name = _core.is_meta_name
 #: Lower bound (ns) of every bucket of the core's latency histograms.

@@ -13,15 +13,17 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..pipeline.fluid import FluidInterface
 from ..settings import IOSettings, resolve
 from ..sizes import Size
 from ..telemetry.board import StatsBoard
 from .handlers import Handler, resolve_handler
 from .index import ShardIndex, load_index
 from .passes import PassContext, SamplePass, ShardPass
-from .plan import DEFAULT_LANES, EQUAL_RULES, RankPlan, rank_plan, shard_order
+from .plan import DEFAULT_LANES, EQUAL_RULES, RankPlan, order_key, rank_plan, shard_order
 from .progress import Claims, SharedNote, WorkerMarks
 from .samples import ReadStats
+from .shuffle import ShardDraws
 from .state import (
     Delivered,
     Identity,
@@ -42,6 +44,9 @@ __all__ = ["DEFAULT_SHUFFLE_BUFFER", "ShardStream"]
 
 DEFAULT_SHUFFLE_BUFFER = 1000
 
+#: Resampled shards are read this many draws per reader (the draws are endless).
+RESAMPLED_WINDOW = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class _StreamConfig:
@@ -53,6 +58,7 @@ class _StreamConfig:
     equal_ranks: Optional[str]
     batch_size: int
     lanes: int
+    resampled: bool = False
 
     def __post_init__(self) -> None:
         if self.shuffle_buffer < 0:
@@ -65,12 +71,14 @@ class _StreamConfig:
             raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
         if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
             raise ValueError(f"lanes must be None or an int >= 1, got {self.lanes!r}")
+        if not isinstance(self.resampled, bool):
+            raise ValueError(f"resampled must be True or False, got {self.resampled!r}")
 
     def identity_config(self) -> Dict[str, Any]:
         return {"seed": self.seed, "shuffle": self.shuffle_buffer,
                 "shard_shuffle": self.shard_shuffle, "equal_ranks": self.equal_ranks,
                 "split_by_rank": self.split_by_rank, "split_by_worker": self.split_by_worker,
-                "lanes": self.lanes}
+                "lanes": self.lanes, **({"resampled": True} if self.resampled else {})}
 
 
 def _shuffle_config(shuffle: Union[bool, int]) -> tuple:
@@ -108,7 +116,7 @@ def _record(board: StatsBoard, slot: int, stats: ReadStats) -> None:
     board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts)
 
 
-class ShardStream(IterableDataset):
+class ShardStream(FluidInterface, IterableDataset):
     """Samples of WebDataset tar shards, read with aligned O_DIRECT requests kept in flight.
 
     Yields the same dicts as ``webdataset.WebDataset(urls, shardshuffle=False)`` when
@@ -144,8 +152,17 @@ class ShardStream(IterableDataset):
             shards, each with its share of the shuffle buffer. A worker count dividing it
             reads each lane front to back. Default (``None``): 16 when shuffling, else 1 (file
             order, as webdataset).
+        resampled: each DataLoader worker (of each rank) reads shards drawn with replacement,
+            endlessly, seeded from (seed, epoch, rank, worker): webdataset's ``resampled=True``.
+            No index is needed; cut epochs with ``.with_epoch(n)``.
+        shard_shuffle: shuffle the shard order or not, whatever ``shuffle`` says of the buffer
+            (default: as ``shuffle``).
         engine, chunk_size, queue_depth, direct: reader settings; ``None`` takes the
             process-wide value (see ``flashstream.settings``).
+
+    webdataset's fluid methods (``.shuffle .decode .to_tuple .map .batched ...``) return a
+    resumable ``flashstream.Pipeline``; ``.tensors(B)`` returns batches assembled straight from
+    the read buffers into shared memory (see docs/pipeline.md and docs/tensors.md).
     """
 
     def __init__(
@@ -161,6 +178,8 @@ class ShardStream(IterableDataset):
         index: Union[bool, str] = "auto",
         batch_size: int = 1,
         lanes: Optional[int] = None,
+        resampled: bool = False,
+        shard_shuffle: Optional[bool] = None,
         engine: Optional[str] = None,
         chunk_size: Optional[Size] = None,
         queue_depth: Optional[int] = None,
@@ -168,11 +187,16 @@ class ShardStream(IterableDataset):
     ) -> None:
         super().__init__()
         self.urls = expand_urls(urls)
-        buffer, shard_shuffle = _shuffle_config(shuffle)
+        buffer, shuffled = _shuffle_config(shuffle)
+        if shard_shuffle is None:
+            shard_shuffle = shuffled
+        elif not isinstance(shard_shuffle, bool):
+            raise ValueError(f"shard_shuffle must be None, True or False, got {shard_shuffle!r}")
+        self._lanes_given = lanes
         if lanes is None:
             lanes = DEFAULT_LANES if buffer > 1 or shard_shuffle else 1
         self.config = _StreamConfig(buffer, shard_shuffle, seed, split_by_rank, split_by_worker,
-                                    _equal_rule(equal_ranks), batch_size, lanes)
+                                    _equal_rule(equal_ranks), batch_size, lanes, resampled)
         self.handler = resolve_handler(handler)
         self._io = dict(engine=engine, chunk_size=chunk_size, queue_depth=queue_depth,
                         direct=direct)
@@ -192,12 +216,20 @@ class ShardStream(IterableDataset):
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state not yet resumed
         self._pending_token = ""  # names a state loaded in the main process (see _loaded)
         self._active: Optional[Union[ShardPass, SamplePass]] = None
+        self.signature = ""  # a Pipeline's stages, part of what a saved state must match
+        self.single_node = False  # webdataset's single_node_only: refuse to run on many ranks
+        self.resumed: Optional[Dict[str, Any]] = None  # the state the last pass resumed
         self._plans: Dict[tuple, RankPlan] = {}
 
     def _load_index(self, mode: Union[bool, str]) -> Optional[List[ShardIndex]]:
         if not (isinstance(mode, bool) or (isinstance(mode, str) and mode == "auto")):
             raise ValueError(f"index must be 'auto', True or False; got {mode!r}")
         self.index_info: Dict[str, float] = {}
+        if self.config.resampled:
+            if mode is True or self.config.equal_ranks:
+                raise ValueError("resampled shards are drawn while reading and need no index; "
+                                 "leave index='auto' and equal_ranks=False")
+            return None
         if mode is False:
             if self.config.equal_ranks:
                 raise ValueError("equal_ranks needs every shard's sample count, which "
@@ -291,17 +323,22 @@ class ShardStream(IterableDataset):
         return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
 
     def _identity(self, world: World) -> Identity:
-        return Identity(self.plan, self.config.identity_config(), self._shards,
-                        world.world_size, world.rank)
+        config = self.config.identity_config()
+        if self.signature:
+            config["pipeline"] = self.signature
+        return Identity(self.plan, config, self._shards, world.world_size, world.rank)
 
-    def _rank_plan(self, world: World) -> RankPlan:
-        key = (self.epoch, world.world_size, world.rank)
+    def _rank_plan(self, world: World, repeat: int = 0) -> RankPlan:
+        """The rank's plan of the current epoch (or of a pipeline's repetition of it)."""
+        key = (self.epoch, repeat, world.world_size, world.rank)
         if key not in self._plans:
+            if len(self._plans) > 4:  # an epoch's plan, and the repetitions in flight
+                self._plans.clear()
             order = shard_order(len(self.urls), shuffle=self.config.shard_shuffle,
-                                seed=self.config.seed, epoch=self.epoch)
-            self._plans = {key: rank_plan([ix.count for ix in self.index], order,
-                                          world_size=world.world_size, rank=world.rank,
-                                          equal=self.config.equal_ranks)}
+                                seed=self.config.seed, epoch=order_key(self.epoch, repeat))
+            self._plans[key] = rank_plan([ix.count for ix in self.index], order,
+                                         world_size=world.world_size, rank=world.rank,
+                                         equal=self.config.equal_ranks)
         return self._plans[key]
 
     def __len__(self) -> int:
@@ -313,37 +350,116 @@ class ShardStream(IterableDataset):
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Dict]:
+        return self._open_pass().generate()
+
+    def _open_pass(self, *, length: Optional[int] = None, repeat: int = 0
+                   ) -> Union[ShardPass, SamplePass]:
+        """Start this process's pass over the current epoch (resuming a loaded state), and make
+        it the active one. The state it resumed, if any, is ``self.resumed``. For pipelines:
+        ``length`` cuts the sample plan's sequence short or continues it into repetitions of
+        the epoch; ``repeat`` starts the shard plan's repetition ``repeat`` of the epoch."""
         config, world = self.config, self._world()
+        if self.single_node and self._job[1] > 1:
+            raise ValueError(f"this dataset reads every shard on each of {self._job[1]} ranks "
+                             f"(nodesplitter=single_node_only, webdataset's default): pass "
+                             f"nodesplitter=wds.split_by_node to split shards by rank, or "
+                             f"nodesplitter=None to read all shards on every rank")
         info = get_worker_info()
         if info is not None:
             self._follow_main_epoch()
             self._marks.mark(self.epoch)
         resume = self._take_pending(info)
+        self.resumed = resume
+        if resume is not None and self.index is None and resume.get("num_workers"):
+            entry = resume["workers"].get(str(world.worker)) or {}
+            repeat = int(entry.get("repeat", repeat))  # a pipeline's repetition of the epoch
         self.last_stats = ReadStats()
         # The board, not the stream: a pass kept by the stream must not keep the stream alive.
         on_end = functools.partial(_record, self.board, info.id if info else 0)
         ctx = PassContext(self.urls, self.io_settings, self.handler, self.last_stats, on_end,
                           config.shuffle_buffer, config.seed, self.epoch, world.rank,
-                          world.worker, world.num_workers, config.lanes)
-        if self.index is None:
+                          world.worker, world.num_workers, config.lanes, config.batch_size,
+                          repeat)
+        if config.resampled:
+            draws = ShardDraws(len(self.urls), sys.maxsize, config.seed, ctx.order, world.rank,
+                               world.worker, world.num_workers)
+            entry = shard_entry(resume, world.worker, world.num_workers) if resume else None
+            self._active = ShardPass(ctx, draws, entry, window=RESAMPLED_WINDOW)
+        elif self.index is None:
             if config.split_by_rank and world.world_size > len(self.urls):
                 raise ValueError(
                     f"{len(self.urls)} shard(s) for {world.world_size} ranks: some ranks would "
                     f"get no data and a distributed job would hang at the epoch's end; pass "
                     f"equal_ranks=True (splits shards by sample ranges using an index)")
             order = shard_order(len(self.urls), shuffle=config.shard_shuffle, seed=config.seed,
-                                epoch=self.epoch)
+                                epoch=ctx.order)
             shards = world.split(order)
             entry = shard_entry(resume, world.worker, world.num_workers) if resume else None
             self._active = ShardPass(ctx, shards, entry)
         else:
-            plan = self._rank_plan(world)
+            plans = functools.partial(self._rank_plan, world)
+            total = plans(0).length if length is None else length
             done, cursor = Delivered(), 0
             if resume is not None:
                 done, cursor = worker_cursor(resume, world.worker, world.num_workers,
-                                             config.batch_size, plan.length)
-            self._active = SamplePass(ctx, self.index, plan, config.batch_size, done, cursor)
-        return self._active.generate()
+                                             config.batch_size, total)
+            self._active = SamplePass(ctx, self.index, plans, config.batch_size, done, cursor,
+                                      length=length)
+        return self._active
+
+    # -- pipelines (flashstream.pipeline) -------------------------------------------------------
+    def _derive(self, *, shuffle_buffer: Optional[int] = None, batch_size: Optional[int] = None,
+                signature: Optional[str] = None) -> ShardStream:
+        """A copy for a pipeline: the same shards and index, some settings changed, its own
+        files shared with its DataLoader workers. It follows ``set_epoch`` on this stream too
+        (the epoch note is shared), so either object can be told the epoch."""
+        changes: Dict[str, Any] = {}
+        if shuffle_buffer is not None:
+            changes["shuffle_buffer"] = shuffle_buffer
+            if self._lanes_given is None:
+                busy = shuffle_buffer > 1 or self.config.shard_shuffle
+                changes["lanes"] = DEFAULT_LANES if busy else 1
+        if batch_size is not None and batch_size != self.config.batch_size:
+            if self.config.batch_size != 1:
+                raise ValueError(f"the stream was made with batch_size={self.config.batch_size}"
+                                 f" and the pipeline batches by {batch_size}: leave the "
+                                 f"stream's batch_size at 1 (batched() sets it)")
+            changes["batch_size"] = batch_size
+        new = copy.copy(self)
+        new.config = dataclasses.replace(self.config, **changes)
+        new.board, new._marks = StatsBoard(), WorkerMarks()
+        new._loaded, new._claims = SharedNote(), Claims()
+        new._pending, new._pending_token, new._active = None, "", None
+        new._plans = {}
+        new.last_stats = None
+        if signature is not None:
+            new.signature = signature
+        return new
+
+    def _compose(self, *stages: Any) -> Any:
+        from ..pipeline.pipeline import Pipeline
+
+        return Pipeline(self, stages)
+
+    def _shuffled(self, size: int) -> ShardStream:
+        return self._derive(shuffle_buffer=size)
+
+    def _epoch(self, *, items: Optional[int], repetitions: int) -> Any:
+        from ..pipeline.pipeline import EpochSpec, Pipeline
+
+        return Pipeline(self, epoch=EpochSpec(items, repetitions))
+
+    def with_length(self, n: int, silent: bool = False) -> Any:
+        """A pipeline of this stream whose ``len()`` is ``n`` (see Pipeline.with_length)."""
+        return self._compose().with_length(n, silent=silent)
+
+    def tensors(self, batch_size: int, *, partial: bool = True) -> Any:
+        """Batches of ``batch_size`` samples as shared-memory uint8 tensors, one per field,
+        copied once from the read buffers (see docs/tensors.md)."""
+        from ..pipeline.pipeline import Pipeline
+        from ..pipeline.tensors import TensorSpec
+
+        return Pipeline(self, tensors=TensorSpec(batch_size, partial))
 
     def stats(self) -> Dict[str, object]:
         """Counters and the merged request-latency histogram of the passes since the last
@@ -363,7 +479,7 @@ class ShardStream(IterableDataset):
         active = self._active
         if active is not None and active.epoch == self.epoch:
             done = (0, [])
-            if isinstance(active, SamplePass):
+            if self.index is not None:
                 done = (active.done.below, sorted(active.done.extra))
             return new_state(identity, self.epoch, num_workers=world.num_workers,
                              batch_size=self.config.batch_size,

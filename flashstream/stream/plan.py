@@ -33,14 +33,21 @@ import numpy as np
 
 from .shuffle import Draws, buffer_order, rng_for
 
-__all__ = ["DEFAULT_LANES", "EQUAL_RULES", "Lanes", "RankPlan", "lanes_for", "position_array",
-           "positions", "rank_plan", "rank_sequence", "read_order", "shard_order"]
+__all__ = ["DEFAULT_LANES", "EQUAL_RULES", "Lanes", "RankPlan", "dealt_positions", "lanes_for",
+           "order_key", "position_array", "positions", "rank_plan", "rank_sequence", "read_order",
+           "shard_order"]
 
 #: ``equal_ranks`` rules: drop the remainder of the epoch, or repeat from its start.
 EQUAL_RULES = ("drop", "repeat")
 
 #: Lanes of a shuffled stream: any worker count dividing it (1, 2, 4, 8, 16) reads whole lanes.
 DEFAULT_LANES = 16
+
+
+def order_key(epoch: int, repeat: int = 0) -> object:
+    """What seeds the order of an epoch, or of a pipeline's repetition ``repeat`` of it (each
+    repetition is ordered anew; repetition 0 is the epoch itself)."""
+    return epoch if not repeat else f"{epoch}+{repeat}"
 
 
 def shard_order(n_shards: int, *, shuffle: bool, seed: int, epoch: int) -> List[int]:
@@ -110,14 +117,26 @@ def position_array(length: int, worker: int, workers: int, block: int, *, base: 
                    skip: AbstractSet[int] = frozenset(), start: int = 0) -> np.ndarray:
     """:func:`positions` as an int64 array; without ``skip``, computed by numpy (an epoch's
     positions are planned before its first read, so this is on the epoch's critical path)."""
+    return dealt_positions(length, worker, workers, block, base=base, skip=skip, start=start)[0]
+
+
+def dealt_positions(length: int, worker: int, workers: int, block: int, *, base: int = 0,
+                    skip: AbstractSet[int] = frozenset(), start: int = 0
+                    ) -> Tuple[np.ndarray, np.ndarray]:
+    """(positions, blocks): :func:`positions` as an int64 array, and the number of the dealt
+    block each belongs to (a pipeline's batch is the survivors of one block)."""
     if skip:
-        return np.fromiter(positions(length, worker, workers, block, base=base, skip=skip,
-                                     start=start), dtype=np.int64)
+        todo = np.arange(base, length, dtype=np.int64)
+        todo = todo[~np.isin(todo, np.fromiter(skip, dtype=np.int64, count=len(skip)))]
+        blocks = np.arange(len(todo), dtype=np.int64) // block
+        mine = (blocks % workers == worker) & (todo >= start)
+        return todo[mine], blocks[mine]
     first = max(start - base, 0)
     count = max(length - base, 0)
-    blocks = np.arange(worker, -(-count // block), workers, dtype=np.int64)
-    out = (blocks[:, None] * block + np.arange(block, dtype=np.int64)).ravel()
-    return out[(out >= first) & (out < count)] + base
+    numbers = np.arange(worker, -(-count // block), workers, dtype=np.int64)
+    out = (numbers[:, None] * block + np.arange(block, dtype=np.int64)).ravel()
+    keep = (out >= first) & (out < count)
+    return out[keep] + base, np.repeat(numbers, block)[keep]
 
 
 def positions(length: int, worker: int, workers: int, block: int, *, base: int = 0,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 from array import array
-from typing import Generic, List, Optional, Sequence, TypeVar
+from typing import Generic, List, Optional, Sequence, TypeVar, overload
 
-__all__ = ["Draws", "ShuffleBuffer", "buffer_order", "rng_for"]
+__all__ = ["Draws", "ShardDraws", "ShuffleBuffer", "buffer_order", "rng_for"]
 
 T = TypeVar("T")
 
@@ -91,3 +91,40 @@ def buffer_order(n: int, size: int, draws: Draws) -> array:
     while len(buffer):
         append(buffer.drain())
     return out
+
+
+class ShardDraws(Sequence[int]):
+    """Shards drawn with replacement (resampled): element ``i`` is a draw from ``n_shards``,
+    a pure function of ``parts`` (seed, epoch, rank, worker) and ``i``, so a resumed pass finds
+    the same shards at the same places. Draws are made 1024 at a time, on demand."""
+
+    _BLOCK = 1024
+
+    def __init__(self, n_shards: int, count: int, *parts: object) -> None:
+        if n_shards < 1:
+            raise ValueError("resampling needs at least one shard")
+        self.n_shards = n_shards
+        self.count = count
+        self.parts = parts
+        self._block = -1
+        self._draws: List[int] = []
+
+    def __len__(self) -> int:
+        return self.count
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> List[int]: ...
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.count))]
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        block = i // self._BLOCK
+        if block != self._block:
+            rng = rng_for("resampled", *self.parts, block)
+            self._draws = [rng.randrange(self.n_shards) for _ in range(self._BLOCK)]
+            self._block = block
+        return self._draws[i % self._BLOCK]

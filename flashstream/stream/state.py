@@ -94,6 +94,11 @@ def check_state(state: Any, identity: Identity) -> None:
                          f"{state['shards']['digest']}; now {identity.shards['count']} shards, "
                          f"digest {identity.shards['digest']}): same urls in the same order, "
                          f"and for the sample plan the same per-shard sample counts, are needed")
+    saved, now = state["config"].get("pipeline", ""), identity.config.get("pipeline", "")
+    if saved != now:
+        raise ValueError(f"the state was saved by a pipeline with stages {saved or '(none)'!r}, "
+                         f"this one has {now or '(none)'!r}: the same stages and batch sizes "
+                         f"are needed to resume")
     diffs = [f"{key}={state['config'].get(key)!r} (now {value!r})"
              for key, value in identity.config.items() if state["config"].get(key) != value]
     if diffs:

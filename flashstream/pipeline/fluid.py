@@ -1,0 +1,146 @@
+"""webdataset's fluid methods (``.shuffle().decode().to_tuple().batched()``...) for flashstream.
+
+The same names, arguments and results as ``webdataset.FluidInterface`` (its own stage
+functions and decoders do the work), on ``ShardStream`` and on the ``Pipeline`` they return.
+What differs is what flashstream adds: ``.shuffle(n)`` is the stream's own resumable buffer,
+``batched`` does not read ahead, and the result resumes exactly (see docs/pipeline.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Optional
+
+import webdataset.autodecode as wda
+import webdataset.filters as wf
+
+from ..stream.handlers import resolve_handler
+from .stages import Batch, Each, from_webdataset, shard_level_stage, unbatch_stage
+
+__all__ = ["FluidInterface"]
+
+_RERAISE = wf.reraise_exception
+
+
+def _handler(handler: Any) -> Callable[[BaseException], bool]:
+    """webdataset's handler callables, or flashstream's names ("reraise", "warn", "ignore")."""
+    return resolve_handler(handler)
+
+
+class FluidInterface:
+    """Mixed into ShardStream and Pipeline; both provide ``_compose(*stages)``,
+    ``_shuffled(size)`` and ``_epoch(items, repetitions)``."""
+
+    def _compose(self, *stages: Any) -> Any:
+        raise NotImplementedError
+
+    def _shuffled(self, size: int) -> Any:
+        raise NotImplementedError
+
+    def _epoch(self, *, items: Optional[int], repetitions: int) -> Any:
+        raise NotImplementedError
+
+    # -- webdataset's stages ------------------------------------------------------------------
+    def compose(self, *stages: Any) -> Any:
+        """Append stages: webdataset's (``wds.map(f)``, ``wds.batched(16)``, ...; resumed
+        exactly) or any function of an iterator (resumed as if it held nothing)."""
+        out = self
+        for stage in stages:
+            name = shard_level_stage(stage)
+            if name is not None:
+                raise ValueError(
+                    f"{name} works on shards or tar members, which the flashstream source "
+                    f"already does (split by rank and worker, reading, grouping samples): "
+                    f"drop it, and pass its settings to ShardStream / flashstream.WebDataset")
+            translated = from_webdataset(stage)
+            if isinstance(translated, tuple):  # ("shuffle", bufsize)
+                out = out.shuffle(translated[1])
+            else:
+                out = out._compose(translated)
+        return out
+
+    def shuffle(self, size: int, **kw: Any) -> Any:
+        """Shuffle samples through a buffer of ``size`` (``size < 1``: unchanged). It is the
+        stream's own seeded, resumable buffer, so it must come before any batching; ``initial``,
+        ``rng`` and ``seed`` are accepted for compatibility (the order is the stream's, from
+        its seed and the epoch)."""
+        unknown = set(kw) - {"initial", "rng", "seed", "handler"}
+        if unknown:
+            raise ValueError(f"shuffle() got unexpected argument(s) {sorted(unknown)}; allowed: "
+                             f"size, initial, rng, seed, handler")
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"shuffle size must be an int, got {size!r}")
+        return self if size < 1 else self._shuffled(size)
+
+    def map(self, f: Callable[[Any], Any], handler: Any = _RERAISE) -> Any:
+        """``f(sample)`` for each sample; a None result drops the sample (as webdataset)."""
+        return self._compose(Each(wf.map(f, handler=_handler(handler)), "map"))
+
+    def decode(self, *args: Any, pre: Any = None, post: Any = None, only: Any = None,
+               partial: bool = False, handler: Any = _RERAISE) -> Any:
+        """webdataset's decoders: image specs (``"pil"``, ``"torchrgb8"``, ...) or handler
+        functions, with its default handlers for text, json, pickle-free formats."""
+        handlers = [wda.ImageHandler(x) if isinstance(x, str) else x for x in args]
+        decoder = wda.Decoder(handlers, pre=pre, post=post, only=only, partial=partial)
+        return self._compose(Each(wf.map(decoder, handler=_handler(handler)), "decode"))
+
+    def map_dict(self, handler: Any = _RERAISE, **kw: Callable[[Any], Any]) -> Any:
+        return self._compose(Each(wf.map_dict(handler=_handler(handler), **kw), "map_dict"))
+
+    def select(self, predicate: Callable[[Any], bool], **kw: Any) -> Any:
+        return self._compose(Each(wf.select(predicate, **kw), "select", drops=True))
+
+    def to_tuple(self, *args: Any, **kw: Any) -> Any:
+        if "handler" in kw:
+            kw["handler"] = _handler(kw["handler"])
+        return self._compose(Each(wf.to_tuple(*args, **kw), "to_tuple"))
+
+    def map_tuple(self, *args: Any, handler: Any = _RERAISE) -> Any:
+        return self._compose(Each(wf.map_tuple(*args, handler=_handler(handler)), "map_tuple"))
+
+    def rename(self, **kw: Any) -> Any:
+        if "handler" in kw:
+            kw["handler"] = _handler(kw["handler"])
+        return self._compose(Each(wf.rename(**kw), "rename"))
+
+    def rename_keys(self, *args: Any, **kw: Any) -> Any:
+        return self._compose(Each(wf.rename_keys(*args, **kw), "rename_keys"))
+
+    def extract_keys(self, *args: Any, **kw: Any) -> Any:
+        return self._compose(Each(wf.extract_keys(*args, **kw), "extract_keys"))
+
+    def xdecode(self, *args: Any, **kw: Any) -> Any:
+        return self._compose(Each(wf.xdecode(*args, **kw), "xdecode"))
+
+    def batched(self, batchsize: int, collation_fn: Optional[Callable[[list], Any]] = (
+            wf.default_collation_fn), partial: bool = True) -> Any:
+        """Batches of ``batchsize``, collated by webdataset's ``default_collation_fn`` (or
+        ``collation_fn``; None: plain lists). On the sample plan a batch is the survivors of
+        one planned block of ``batchsize`` samples (see docs/pipeline.md)."""
+        name = "batched" if collation_fn is not None else "listed"
+        return self._compose(Batch(batchsize, collation_fn, partial, name))
+
+    def listed(self, batchsize: int, partial: bool = True) -> Any:
+        return self.batched(batchsize, collation_fn=None, partial=partial)
+
+    def unbatched(self) -> Any:
+        return self._compose(unbatch_stage("unbatched"))
+
+    def unlisted(self) -> Any:
+        return self._compose(unbatch_stage("unlisted"))
+
+    # -- epochs -------------------------------------------------------------------------------
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> Any:
+        """An epoch of ``max(nsamples, nbatches)`` items (what the pipeline yields, e.g.
+        batches after ``batched``), repeating the data as needed. Sample plan: items of the
+        rank, all DataLoader workers together; shard plan: items per worker, as webdataset."""
+        n = max(nsamples, nbatches)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"with_epoch needs nsamples or nbatches >= 1, got {n!r}")
+        return self._epoch(items=n, repetitions=sys.maxsize)
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Any:
+        """``nepochs`` passes over the data per epoch (each ordered anew); ``nepochs <= 0``:
+        endless. ``nbatches > 0`` cuts the epoch at that many items."""
+        repetitions = nepochs if nepochs > 0 else sys.maxsize
+        return self._epoch(items=nbatches if nbatches > 0 else None, repetitions=repetitions)

@@ -1,0 +1,216 @@
+"""Tensor batches straight from the read buffers: the pass behind ``ShardStream.tensors(B)``.
+
+A worker's epoch is planned as for samples (its dealt blocks, and the reads of their
+samples), but no per-sample object is made. After each chunk is scanned, numpy finds the batch
+each completed sample belongs to, and one C++ call copies every payload from the reader's
+buffer into that batch's shared-memory slab (``BatchPacker``: one region per field, samples in
+the order they are read). A batch leaves once all of its block has been read.
+
+A batch holds exactly the samples of one planned block, in file order (the order they are
+read), whatever the shuffling; the blocks and their order are those of the sample plan, so
+they are the same for any number of DataLoader workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..batches import HEADER, FieldLayout, TensorBatch, build_batch
+from ..batches import pool as slab_pool
+from ..engine import BatchPacker
+from ..settings import IOSettings
+from .handlers import Handler
+from .passes import SamplePass, WorkerReads
+from .samples import Piece, ReadStats, _Pass, _run
+
+__all__ = ["PackedPass"]
+
+#: Marks a record that stands for the samples of a chunk that were packed (not a sample).
+PACKED = object()
+
+_ALIGN = 64  # regions start on cache lines
+
+
+class _Batches:
+    """The open batches of a pass, and where each read sample goes."""
+
+    def __init__(self, reads: WorkerReads, ordinal: np.ndarray, count: int,
+                 urls: Sequence[str]) -> None:
+        self.urls = urls
+        self.want = [np.sort(np.fromiter(p.keep, dtype=np.int64, count=len(p.keep)))
+                     for p in reads.pieces]
+        self.first = np.concatenate(([0], np.cumsum([len(w) for w in self.want])))
+        self.batch_of_read = ordinal[reads.read]
+        self.shard_of_read = reads.shards[reads.read]
+        spans = np.bincount(ordinal, weights=(reads.ends - reads.offsets), minlength=count)
+        self.region = (-(-spans.astype(np.int64) // _ALIGN) * _ALIGN).tolist()
+        self.expected = np.bincount(ordinal, minlength=count)
+        self.arrived = np.zeros(count, dtype=np.int64)
+        self.lost = np.zeros(count, dtype=np.int64)
+        self.read_ids: Dict[int, List[np.ndarray]] = {}
+        self.open: Dict[int, Tuple[Any, Any, int, int]] = {}  # packer, slab, generation, regions
+        self.exts: List[str] = []  # fields seen so far: their regions keep their place
+        self.fields = 2  # regions a new batch gets (grows as fields appear)
+
+    def complete(self, b: int) -> bool:
+        return self.arrived[b] + self.lost[b] >= self.expected[b]
+
+    def _packer(self, b: int) -> Any:
+        if b not in self.open:
+            regions = max(self.fields, len(self.exts))
+            slab, generation = slab_pool().take(HEADER + regions * self.region[b])
+            packer = BatchPacker(slab.view(), HEADER, self.region[b], self.exts)
+            self.open[b] = (packer, slab, generation, regions)
+        return self.open[b][0]
+
+    def _grow(self, b: int) -> None:
+        """Batch ``b`` met a field it has no region for: move it to a slab with more."""
+        packer, slab, generation, regions = self.open[b]
+        regions += 1
+        self.fields = max(self.fields, regions)
+        bigger, new_generation = slab_pool().take(HEADER + regions * self.region[b])
+        packer.relocate(bigger.view(), self.region[b])
+        slab.release(generation)
+        self.open[b] = (packer, bigger, new_generation, regions)
+
+    def pack(self, scanner: Any, piece: int, offsets: np.ndarray) -> Tuple[np.ndarray, int]:
+        """Pack the scanner's completed samples of ``piece`` (first headers ``offsets``) into
+        their batches; (the wanted offsets found, how many)."""
+        want = self.want[piece]
+        index = np.searchsorted(want, offsets)
+        hit = index < len(want)
+        hit[hit] = want[index[hit]] == offsets[hit]
+        reads = self.first[piece] + index[hit]
+        batches = self.batch_of_read[reads]
+        if len(batches) and batches[0] == batches[-1] and (batches == batches[0]).all():
+            ids, inverse = batches[:1], np.zeros(len(batches), dtype=np.int64)  # the usual case
+        else:
+            ids, inverse = np.unique(batches, return_inverse=True)
+        targets = np.full(len(offsets), -1, dtype=np.int64)
+        targets[hit] = inverse
+        packers = [self._packer(b) for b in ids.tolist()]
+        start = 0
+        while True:
+            refused = scanner.pack(targets, packers, start)
+            if refused < 0:
+                break
+            b = int(ids[targets[refused]])
+            self._grow(b)
+            packers[int(targets[refused])] = self.open[b][0]
+            start = refused
+        if len(ids) == 1:
+            self.arrived[ids[0]] += len(reads)
+            self.read_ids.setdefault(int(ids[0]), []).append(reads)
+        else:
+            counts = np.bincount(inverse, minlength=len(ids))
+            self.arrived[ids] += counts
+            order = np.argsort(inverse, kind="stable")
+            for b, chunk in zip(ids.tolist(), np.split(reads[order], np.cumsum(counts)[:-1])):
+                self.read_ids.setdefault(b, []).append(chunk)
+        return offsets[hit], len(reads)
+
+    def lose(self, piece: int, offset: int) -> None:
+        """A wanted sample that will not come (an error the handler skipped)."""
+        j = self.first[piece] + int(np.searchsorted(self.want[piece], offset))
+        self.lost[self.batch_of_read[j]] += 1
+
+    def finish(self, b: int) -> Optional[TensorBatch]:
+        """Batch ``b`` as a TensorBatch (None if none of its samples came)."""
+        if b not in self.open:
+            return None
+        packer, slab, generation, _regions = self.open.pop(b)
+        keys, _offsets, fields = packer.result()
+        del packer  # its hold on the slab's buffer
+        # Fields none of this batch's samples have (regions kept for earlier batches' fields)
+        # are left out: a batch depends on its own samples only.
+        layouts = [FieldLayout(ext, region, nbytes, lengths)
+                   for ext, region, nbytes, lengths in fields if lengths.max(initial=-1) >= 0]
+        for layout in layouts:
+            if layout.name not in self.exts:
+                self.exts.append(layout.name)
+        reads = np.sort(np.concatenate(self.read_ids.pop(b)))
+        urls = [self.urls[s] for s in self.shard_of_read[reads].tolist()]
+        lease = slab_pool().lease(slab, generation)
+        return build_batch(lease, layouts, {"__key__": keys, "__url__": urls},
+                           wire=(slab, generation))
+
+    def discard(self) -> None:
+        """Give back the slabs of batches that will not be delivered."""
+        for packer, slab, generation, _regions in self.open.values():
+            del packer
+            slab.release(generation)
+        self.open.clear()
+
+
+class _PackingPass(_Pass):
+    """A reading pass whose scanned samples go to their batches instead of becoming dicts."""
+
+    def __init__(self, pieces: Sequence[Piece], settings: IOSettings, handler: Handler,
+                 stats: ReadStats, batches: _Batches) -> None:
+        super().__init__(pieces, settings, handler, stats)
+        self.batches = batches
+
+    def records(self) -> List[Any]:
+        offsets, _ends = self.scanner.spans()
+        if not len(offsets):
+            return []
+        found, count = self.batches.pack(self.scanner, self.piece, offsets)
+        if count:
+            self.seen.update(found.tolist())
+            self.stats.samples += count
+        return [(self.piece, count, None, PACKED)]
+
+
+class PackedPass:
+    """A worker's pass delivering tensor batches, one per dealt block of ``size`` positions;
+    its position is that of the SamplePass it plans with (``sample_pass``)."""
+
+    def __init__(self, sample_pass: SamplePass, size: int, partial: bool) -> None:
+        self.sample_pass = sample_pass
+        self.size = size
+        self.partial = partial
+
+    @property
+    def epoch(self) -> int:
+        return self.sample_pass.epoch
+
+    @property
+    def done(self) -> Any:
+        return self.sample_pass.done
+
+    def state(self) -> Dict[str, object]:
+        return self.sample_pass.state()
+
+    def generate(self) -> Iterator[TensorBatch]:
+        work = self.sample_pass
+        ctx = work.ctx
+        mine, blocks = work.dealt()
+        if not len(mine):
+            work.cursor = max(work.cursor, work.length)
+            return
+        ordinal = np.concatenate(([0], np.cumsum(np.diff(blocks) != 0)))
+        count = int(ordinal[-1]) + 1
+        last = np.flatnonzero(np.append(np.diff(ordinal) != 0, True))  # each block's end
+        reads = work.reads(mine)
+        batches = _Batches(reads, ordinal, count, ctx.urls)
+        state = _PackingPass(reads.pieces, ctx.settings, ctx.handler, ctx.stats, batches)
+        records = _run(state, ctx.on_end)
+        following = 0  # the next batch to deliver
+        try:
+            for piece, offset, _end, marker in records:
+                if marker is not PACKED:  # a wanted sample lost to a skipped error
+                    batches.lose(piece, offset)
+                while following < count and batches.complete(following):
+                    batch = batches.finish(following)
+                    work.cursor = int(mine[last[following]]) + 1
+                    full = batches.expected[following] == self.size
+                    following += 1
+                    if batch is not None and (self.partial or full):
+                        yield batch
+        finally:
+            records.close()
+            batches.discard()
+        if following == count:  # else the handler ended the pass
+            work.cursor = max(work.cursor, work.length)
