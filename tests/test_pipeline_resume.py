@@ -127,3 +127,53 @@ def test_state_of_another_pipeline_is_refused(urls):
         fs.ShardStream(urls).map(key).listed(5).load_state_dict(state)
     with pytest.raises(ValueError, match="pipeline"):
         fs.ShardStream(urls).load_state_dict(state)
+
+
+def test_set_epoch_on_the_base_stream_reaches_the_pipeline(urls):
+    base = fs.ShardStream(urls, shuffle=6, seed=2)
+    pipeline = base.map(key).listed(4)
+    base.set_epoch(3)
+    assert pipeline.epoch == 3 and pipeline.state_dict()["epoch"] == 3
+    reference = fs.ShardStream(urls, shuffle=6, seed=2).map(key).listed(4)
+    reference.set_epoch(3)
+    assert [flat(b) for b in pipeline] == [flat(b) for b in reference]
+    finished = pipeline.state_dict()  # the end of epoch 3
+    base.set_epoch(4)
+    pipeline.load_state_dict(finished)  # older and finished: ignored, epoch 4 stays
+    assert pipeline.epoch == 4 and len([b for b in pipeline]) == 8
+
+
+def _stop_at(bad_key):
+    def check(sample):
+        if sample["__key__"] == bad_key:
+            raise ValueError("bad sample")
+        return sample
+
+    return check
+
+
+def _stop(_exn):
+    return False  # webdataset's *_and_stop: end the stream
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_a_handler_that_stops_ends_the_stream_even_at_a_block_end(urls, index):
+    keys = [s["__key__"] for s in fs.ShardStream(urls)]
+    for stop in (2, 3):  # inside the first block of 4, and its last sample
+        out = [flat(b) for b in fs.ShardStream(urls, index=index)
+               .map(_stop_at(keys[stop]), handler=_stop).map(key).listed(4)]
+        assert out == [tuple(keys[:stop])], (index, stop, out)
+
+
+def test_with_epoch_counts_planned_items_on_the_sample_plan(urls):
+    pipeline = fs.ShardStream(urls).select(odd_label).map(key).with_epoch(20)
+    assert len([x for x in pipeline]) < 20  # 20 positions, the filter's survivors
+    assert len(list(fs.WebDataset(urls, shardshuffle=False).select(odd_label).map(key)
+                    .with_epoch(20))) == 20  # per-worker outputs, as webdataset
+
+
+def test_sample_plan_webdataset_with_more_workers_than_blocks(urls):
+    dataset = fs.WebDataset(urls, shardshuffle=False, index="auto").map(key).listed(16)
+    outputs = [[flat(b) for b in DataLoader(dataset, batch_size=None, num_workers=w)]
+               for w in (0, 3)]
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2

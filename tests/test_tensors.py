@@ -182,3 +182,63 @@ def test_bad_shard_in_the_tensor_path(tmp_path):
     keys = [k for b in stream.tensors(3) for k in b["__key__"]]
     assert keys[:2] == ["sh0/k000000", "sh0/k000001"]  # before the bad header
     assert "sh0/k000002" not in keys and keys[-5:] == [f"sh1/k{i:06d}" for i in range(5)]
+
+
+def _round_trip(batch):
+    """A stage that pickles its batch inside the worker (e.g. torch.save to a log)."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(batch, buffer)
+    copy = pickle.loads(pickle.dumps(batch))
+    assert torch.equal(copy["bin"], batch["bin"]) and len(buffer.getvalue()) > batch["bin"].numel()
+    return batch
+
+
+def test_pickling_inside_a_worker_copies_and_leaves_the_slab_protocol_alone(urls):
+    loader = DataLoader(fs.ShardStream(urls).tensors(4).map(_round_trip), batch_size=None,
+                        num_workers=1)
+    for _ in range(2):
+        assert_same_bytes(list(loader),
+                          list(fs.ShardStream(urls).batched(4, collation_fn=None)))
+
+
+def test_a_descriptor_replaces_a_kept_mapping_and_dropped_slabs_are_forgotten():
+    import os
+
+    from flashstream.batches import slabs
+
+    class Fd:  # what multiprocessing's DupFd gives the receiver
+        def __init__(self, fd):
+            self.fd = os.dup(fd)
+
+        def detach(self):
+            return self.fd
+
+    first, second = slabs.Slab(1 << 20, (7, 0)), slabs.Slab(1 << 20, (7, 0))
+    first.map[4096:4100], second.map[4096:4100] = b"old!", b"new!"
+    key, owner = (123, 0), os.getpid() + 1
+    assert slabs.map_received(Fd(first.fd), 1 << 20, key, owner)[4096:4100] == b"old!"
+    # A pool reusing a key (a new worker with a recycled pid, before keys were random) must
+    # not be read through the old mapping.
+    assert slabs.map_received(Fd(second.fd), 1 << 20, key, owner)[4096:4100] == b"new!"
+    assert slabs.map_received(None, 1 << 20, key, owner)[4096:4100] == b"new!"
+    slabs.map_received(Fd(first.fd), 1 << 20, (123, 1), owner, dropped=[0])
+    with pytest.raises(RuntimeError, match="not mapped"):
+        slabs.map_received(None, 1 << 20, key, owner)
+
+
+def test_ragged_indexing():
+    import numpy as np
+
+    values = torch.arange(10, dtype=torch.uint8)
+    ragged = Ragged(values, torch.tensor([0, 3, 3, 10]))
+    assert len(ragged) == 3
+    assert ragged[np.int64(0)].tolist() == [0, 1, 2] and ragged[torch.tensor(2)].numel() == 7
+    assert ragged[-2].numel() == 0
+    with pytest.raises(IndexError):
+        ragged[3]
+    with pytest.raises(TypeError, match="split"):
+        ragged["values"]
+    values_back, offsets_back = ragged  # still a NamedTuple for torch's utilities
+    assert values_back is values

@@ -200,10 +200,10 @@ def test_web_loader(image_shards):
         main_side.state_dict()
 
 
-def _epoch(urls, epoch):
+def _epoch(urls, epoch, workers=2):
     dataset = fs.WebDataset(urls, shardshuffle=True, seed=3).to_tuple("__key__")
     dataset.set_epoch(epoch)
-    return DataLoader(dataset, batch_size=None, num_workers=2)
+    return DataLoader(dataset, batch_size=None, num_workers=workers)
 
 
 def test_lengths(image_shards):
@@ -222,3 +222,31 @@ def test_lengths(image_shards):
     with pytest.raises(TypeError, match="no length"):
         len(fs.WebDataset(image_shards, shardshuffle=False).batched(4))
     assert len(fs.WebDataset(image_shards, shardshuffle=False).with_length(9, silent=True)) == 9
+
+
+def test_resampled_ranks_and_workers_draw_their_own_shards(image_shards, monkeypatch):
+    def draws(rank, workers=0, **kw):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        dataset = fs.WebDataset(image_shards, resampled=True, seed=1, nodesplitter=None,
+                                **kw).to_tuple("__key__").with_epoch(12)
+        return loader_output(dataset, workers)
+
+    assert draws(0) != draws(1)  # unsplit ranks still draw independently
+    both = draws(0, workers=2, workersplitter=None)
+    assert both[0::2] != both[1::2]  # so do unsplit workers
+
+
+def test_web_loader_resumed_after_a_finished_epoch_moves_on(image_shards):
+    def make():
+        return fs.WebLoader(fs.WebDataset(image_shards, shardshuffle=True, seed=3)
+                            .to_tuple("__key__"), batch_size=None, num_workers=1)
+
+    loader = make()
+    epoch0 = [flat(x) for x in loader]
+    state = loader.state_dict()  # taken after the whole epoch 0
+    resumed = make()
+    resumed.load_state_dict(state)
+    following = [flat(x) for x in resumed]
+    assert resumed.dataset.epoch == 1 and following != epoch0
+    assert following == [flat(x) for x in _epoch(image_shards, 1, workers=1)]

@@ -11,6 +11,7 @@ reused once the training loop drops the batch's tensors (see slabs.py).
 from __future__ import annotations
 
 import copy
+import operator
 import os
 from multiprocessing import reduction
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .slabs import Lease, Slab, map_received, received_lease
+from .slabs import Lease, Slab, map_received, pool, received_lease
 
 __all__ = ["FieldLayout", "Names", "Ragged", "TensorBatch", "build_batch", "for_loader"]
 
@@ -34,13 +35,21 @@ class Ragged(NamedTuple):
         return len(self.offsets) - 1
 
     def __getitem__(self, i: Any) -> Any:  # type: ignore[override]
-        if isinstance(i, int):
-            if i < 0:
-                i += len(self)
-            if not 0 <= i < len(self):
-                raise IndexError(f"sample {i} of a batch of {len(self)}")
-            return self.values[int(self.offsets[i]):int(self.offsets[i + 1])]
-        return tuple.__getitem__(self, i)
+        """Sample ``i``'s payload (any integer, numpy and torch ones included), a view.
+        (Iterating a Ragged gives its two tensors, as for any NamedTuple: torch's utilities
+        rely on that; use ``split()`` for the samples.)"""
+        if isinstance(i, slice):
+            return tuple.__getitem__(self, i)
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"a Ragged is indexed by sample number, got {type(i).__name__}; "
+                            f"use .split() for all samples") from None
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} of a batch of {len(self)}")
+        return self.values[int(self.offsets[i]):int(self.offsets[i + 1])]
 
     def lengths(self) -> torch.Tensor:
         return self.offsets[1:] - self.offsets[:-1]
@@ -89,9 +98,11 @@ class Names:
 
 
 def for_loader(batch: Any) -> Any:
-    """A batch about to leave a DataLoader worker: its key and url lists as :class:`Names`."""
+    """A batch about to leave a DataLoader worker: marked to travel by slab (any other pickle
+    of it copies its tensors), with its key and url lists as :class:`Names`."""
     if isinstance(batch, TensorBatch):
         batch = copy.copy(batch)
+        batch._outgoing = True
         for name in ("__key__", "__url__"):
             if isinstance(batch.get(name), list):
                 batch[name] = Names(batch[name])
@@ -147,9 +158,10 @@ class _Wire(NamedTuple):
     originals: Dict[str, Any]
 
 
-def _rebuild(fd: Any, size: int, key: Tuple[int, int], generation: int,
-             fields: Tuple[FieldLayout, ...], plain: Dict[str, Any]) -> TensorBatch:
-    mapping = map_received(fd, size, key)
+def _rebuild(fd: Any, size: int, key: Tuple[int, int], owner: int, dropped: List[int],
+             generation: int, fields: Tuple[FieldLayout, ...], plain: Dict[str, Any]
+             ) -> TensorBatch:
+    mapping = map_received(fd, size, key, owner, dropped)
     return build_batch(received_lease(mapping, generation), fields, plain)
 
 
@@ -166,28 +178,27 @@ class TensorBatch(dict):
     """A dict of a batch's fields (see the module docstring)."""
 
     _wire: Optional[_Wire] = None
+    _outgoing = False  # set by for_loader: this copy leaves a DataLoader worker by slab
 
     def __reduce__(self) -> Any:
         wire = self._wire
-        from torch.utils.data import get_worker_info
-
-        if wire is None or get_worker_info() is None or wire.slab.owner != os.getpid():
-            # Anywhere but a DataLoader worker handing the batch on: plain tensors, which
-            # torch pickles itself (this process may go on using them).
+        if wire is None or not self._outgoing or wire.slab.owner != os.getpid():
+            # Anything but a batch leaving a DataLoader worker: plain tensors, which torch
+            # pickles itself (this process may go on using them).
             return (TensorBatch, (dict(self),))
         sent = tuple(f for f in wire.fields if _same(self.get(f.name), wire.originals[f.name]))
         names = {f.name for f in sent}
         rest = {k: v for k, v in self.items() if k not in names}
-        wire.lease.hand_over()  # the receiver frees the slab; this process no longer may
         slab = wire.slab
         fd = None if slab.mapped_by_receiver else reduction.DupFd(slab.fd)
-        return (_rebuild, (fd, slab.size, (slab.owner, slab.serial), wire.generation, sent,
-                           rest))
+        wire.lease.hand_over()  # the receiver frees the slab; this process no longer may
+        return (_rebuild, (fd, slab.size, slab.key, slab.owner, pool().dropped(),
+                           wire.generation, sent, rest))
 
     def __copy__(self) -> TensorBatch:
         # The DataLoader's default_convert copies each item: keep what sending it needs.
         clone = TensorBatch(self)
-        clone._wire = self._wire
+        clone._wire, clone._outgoing = self._wire, self._outgoing
         return clone
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> TensorBatch:

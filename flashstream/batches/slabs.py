@@ -5,15 +5,18 @@ GB/s to fill new 6.4 MB buffers, against 24 GB/s into a mapped one). So each pro
 batches keeps a pool of slabs (``memfd`` files, mapped once) and reuses a slab once every
 tensor of the batch it held is gone, in whichever process that happened:
 
-- Each slab starts with a header: a generation number and an in-use flag.
+- Each slab starts with a header: a generation number, an in-use flag, and whether the
+  process receiving its batches holds it mapped.
 - A batch's tensors are views of one lease object (a numpy array over the slab); a finalizer
   on the lease clears the flag when the last tensor dies.
-- A batch sent from a DataLoader worker names its slab; the receiving process maps the slab
-  once (and keeps it mapped while the worker lives), makes its own lease, and its finalizer
-  clears the flag in the shared header. The worker's own lease then never clears it.
+- A batch leaving a DataLoader worker names its slab (the pool's random token and the slab's
+  number); the receiving process maps the slab once (and keeps it mapped while the pool
+  lives), makes its own lease, and its finalizer clears the flag in the shared header. The
+  worker's own lease then never clears it.
 - The slab's file descriptor travels with a batch only until the receiver has noted in the
   header that it holds the slab mapped: passing a descriptor is a round trip to a helper
-  thread of the (busy) worker, which cost several milliseconds a batch when measured.
+  thread of the (busy) worker, which cost several milliseconds a batch when measured. Slabs a
+  pool unmaps are named in its next batch, so the receiver unmaps them too.
 
 A slab is only reused for the generation its lease was made for, so a stale release cannot
 free a later batch.
@@ -25,14 +28,16 @@ import contextlib
 import itertools
 import mmap
 import os
+import secrets
 import tempfile
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["HEADER", "Lease", "Slab", "SlabPool", "map_received", "pool"]
+__all__ = ["HEADER", "Lease", "Slab", "SlabPool", "forget_received", "map_received", "pool",
+           "received_lease"]
 
 #: Bytes before a slab's data: the header, and page alignment for what follows.
 HEADER = 4096
@@ -40,8 +45,9 @@ _MIN_SLAB = 2 << 20
 _ROUND = 2 << 20
 #: Free slabs kept per process beyond this many are unmapped.
 _KEEP_FREE = 16
+_GENERATION, _BUSY, _RECEIVER = 0, 1, 2  # header words
 
-_serials = itertools.count()
+Key = Tuple[int, int]  # (pool token, slab number)
 
 
 def _memfd(size: int) -> int:
@@ -59,32 +65,34 @@ def _memfd(size: int) -> int:
     return fd
 
 
-class Slab:
-    """One shared-memory file, mapped in this process; ``header[0]`` is its generation,
-    ``header[1]`` 1 while a batch in it is alive, ``header[2]`` the pid of the process that
-    receives its batches and keeps it mapped (0: none yet)."""
+def _header(mapping: mmap.mmap) -> np.ndarray:
+    return np.frombuffer(mapping, dtype=np.uint64, count=3)
 
-    def __init__(self, size: int) -> None:
+
+class Slab:
+    """One shared-memory file, mapped in this process (see the module docstring)."""
+
+    def __init__(self, size: int, key: Key) -> None:
         self.size = size
+        self.key = key
         self.fd = _memfd(size)
         self.map = mmap.mmap(self.fd, size)
-        self.header = np.frombuffer(self.map, dtype=np.uint64, count=3)
-        self.serial = next(_serials)
+        self.header = _header(self.map)
         self.owner = os.getpid()
 
     @property
     def busy(self) -> bool:
-        return bool(self.header[1])
+        return bool(self.header[_BUSY])
 
     @property
     def mapped_by_receiver(self) -> bool:
-        return bool(self.header[2])
+        return bool(self.header[_RECEIVER])
 
     def acquire(self) -> int:
         """Mark the slab in use for a new batch; its generation."""
-        self.header[0] += 1
-        self.header[1] = 1
-        return int(self.header[0])
+        self.header[_GENERATION] += 1
+        self.header[_BUSY] = 1
+        return int(self.header[_GENERATION])
 
     def release(self, generation: int) -> None:
         _release(self.header, generation)
@@ -93,36 +101,34 @@ class Slab:
         return memoryview(self.map)
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError, ValueError):
-            self.map.close()  # refused while something still views it: the GC unmaps later
+        """Give the descriptor back; the mapping goes once nothing views it (the header view
+        and any lease keep it until they are collected)."""
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
 
 def _release(header: np.ndarray, generation: int) -> None:
-    if int(header[0]) == generation:
-        header[1] = 0
+    if int(header[_GENERATION]) == generation:
+        header[_BUSY] = 0
 
 
 class Lease:
     """What a batch's tensors keep alive: ``array`` (uint8 over the whole slab) is the buffer
     every tensor of the batch views. When it dies the slab is free again, unless the batch
-    was handed to another process (``transferred``), which then frees it."""
+    was handed to another process (``hand_over``), which then frees it."""
 
     def __init__(self, array: np.ndarray, header: np.ndarray, generation: int) -> None:
         self.array = array
         self.generation = generation
-        self.transferred = False
-        self._state = [True]  # the finalizer's view of "may release"
-        weakref.finalize(array, _release_unless, header, generation, self._state)
+        self._may_release = [True]  # shared with the finalizer
+        weakref.finalize(array, _release_unless, header, generation, self._may_release)
 
     def hand_over(self) -> None:
-        self.transferred = True
-        self._state[0] = False
+        self._may_release[0] = False
 
 
-def _release_unless(header: np.ndarray, generation: int, state: List[bool]) -> None:
-    if state[0]:
+def _release_unless(header: np.ndarray, generation: int, may_release: List[bool]) -> None:
+    if may_release[0]:
         _release(header, generation)
 
 
@@ -132,7 +138,10 @@ class SlabPool:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.token = secrets.randbits(62)  # names this pool's slabs: pids get reused
         self.slabs: List[Slab] = []
+        self._numbers = itertools.count()
+        self._dropped: List[int] = []  # slab numbers unmapped since the last batch sent
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> Tuple[Slab, int]:
@@ -145,7 +154,7 @@ class SlabPool:
             if best is None:
                 self._trim()
                 size = max(_MIN_SLAB, -(-nbytes // _ROUND) * _ROUND)
-                best = Slab(size)
+                best = Slab(size, (self.token, next(self._numbers)))
                 self.slabs.append(best)
             return best, best.acquire()
 
@@ -155,7 +164,14 @@ class SlabPool:
             return
         for slab in sorted(free, key=lambda s: s.size)[:len(free) - _KEEP_FREE + 1]:
             self.slabs.remove(slab)
+            self._dropped.append(slab.key[1])
             slab.close()
+
+    def dropped(self) -> List[int]:
+        """The slabs unmapped since the last call (sent with the next batch)."""
+        with self._lock:
+            out, self._dropped = self._dropped, []
+            return out
 
     def lease(self, slab: Slab, generation: int) -> Lease:
         return Lease(np.frombuffer(slab.map, dtype=np.uint8), slab.header, generation)
@@ -173,8 +189,8 @@ def pool() -> SlabPool:
 
 
 # -- the receiving side --------------------------------------------------------------------------
-# Slabs of live workers stay mapped here, so a slab sent again costs no mmap and no page faults.
-_received: Dict[Tuple[int, int], mmap.mmap] = {}
+# Slabs of live pools stay mapped here, so a slab sent again costs no mmap and no page faults.
+_received: Dict[Key, Tuple[mmap.mmap, int]] = {}  # key -> (mapping, owner pid)
 _received_lock = threading.Lock()
 
 
@@ -188,41 +204,49 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def map_received(fd_source: Any, size: int, key: Tuple[int, int]) -> mmap.mmap:
-    """This process's mapping of the slab ``key`` = (owner pid, serial) of ``size`` bytes.
-    ``fd_source``: a multiprocessing ``DupFd`` (its descriptor is taken and closed), or None
-    once this process has noted in the slab's header that it keeps the slab mapped."""
+def map_received(fd_source: Any, size: int, key: Key, owner: int,
+                 dropped: Sequence[int] = ()) -> mmap.mmap:
+    """This process's mapping of slab ``key`` (``size`` bytes) of the pool in process
+    ``owner``. ``fd_source``: a multiprocessing ``DupFd`` (its descriptor is taken and closed),
+    or None once this process has noted in the slab's header that it keeps it mapped.
+    ``dropped``: that pool's slabs it has unmapped, which this process unmaps too."""
     fd = fd_source.detach() if fd_source is not None else None
     try:
         with _received_lock:
-            found = _received.get(key)
-            if found is None or len(found) != size or found.closed:
-                if fd is None:
-                    raise RuntimeError(f"flashstream: a batch arrived in shared memory "
-                                       f"{key} that this process has not mapped (a batch "
-                                       f"from a DataLoader worker must be unpickled by the "
-                                       f"process that reads that loader)")
-                if not any(owner == key[0] for owner, _ in _received):
+            forget_received([(key[0], n) for n in dropped])
+            if fd is not None:  # authoritative: map it afresh, whatever was kept under key
+                if not any(token == key[0] for token, _ in _received):
                     _forget_dead()
-                found = mmap.mmap(fd, size)
-                _received[key] = found
-                np.frombuffer(found, dtype=np.uint64, count=3)[2] = os.getpid()
-            return found
+                mapping = mmap.mmap(fd, size)
+                _received[key] = (mapping, owner)
+                from torch.utils.data import get_worker_info
+
+                if get_worker_info() is None and owner != os.getpid():
+                    _header(mapping)[_RECEIVER] = 1  # later batches may leave out the fd
+                return mapping
+            found = _received.get(key)
+            if found is None or len(found[0]) != size:
+                raise RuntimeError(f"flashstream: a batch arrived in shared memory {key} that "
+                                   f"this process has not mapped (a batch from a DataLoader "
+                                   f"worker must be unpickled by the process that reads that "
+                                   f"loader)")
+            return found[0]
     finally:
         if fd is not None:
             os.close(fd)
 
 
+def forget_received(keys: Sequence[Key]) -> None:
+    """Unmap received slabs (once no tensor views them)."""
+    for key in keys:
+        _received.pop(key, None)
+
+
 def _forget_dead() -> None:
-    """A new worker: drop the mappings of workers that have exited."""
-    for owner in {owner for owner, _ in _received}:
-        if not _alive(owner):
-            for key in [k for k in _received if k[0] == owner]:
-                del _received[key]  # unmapped once no tensor views it
+    """A new pool: drop the mappings of pools whose process has exited."""
+    for key in [k for k, (_m, owner) in _received.items() if not _alive(owner)]:
+        del _received[key]  # unmapped once no tensor views it
 
 
 def received_lease(mapping: mmap.mmap, generation: int) -> Lease:
-    array = np.frombuffer(mapping, dtype=np.uint8)
-    return Lease(array, np.frombuffer(mapping, dtype=np.uint64, count=3), generation)
-
-
+    return Lease(np.frombuffer(mapping, dtype=np.uint8), _header(mapping), generation)

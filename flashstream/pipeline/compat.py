@@ -20,7 +20,7 @@ import webdataset.filters as wf
 import webdataset.shardlists as ws
 
 from ..stream.dataset import ShardStream
-from ..stream.state import find_states
+from ..stream.state import find_states, finished
 from ..stream.urls import Urls
 from .pipeline import Pipeline
 from .stages import Each, shard_level_stage
@@ -207,6 +207,8 @@ class WebLoader(wds.DataPipeline, wds.FluidInterface):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._stateful().load_state_dict(state)
         found = find_states(state)
-        if found:  # the epoch the loader resumes; the next pass must not advance it
-            self.dataset.set_epoch(found[0]["epoch"])
-            self._last_epoch = None
+        if found:  # the epoch the loader resumes: the next pass continues it, unless it ended
+            epoch = found[0]["epoch"]
+            self.dataset.set_epoch(epoch)
+            ended = bool(state.get("_iterator_finished")) or all(finished(s) for s in found)
+            self._last_epoch = epoch if ended else None

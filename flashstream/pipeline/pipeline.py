@@ -150,6 +150,7 @@ class Pipeline(FluidInterface, IterableDataset):
 
     @property
     def epoch(self) -> int:
+        self.stream._follow_main_epoch()
         return self.stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -169,6 +170,14 @@ class Pipeline(FluidInterface, IterableDataset):
     @property
     def index_info(self) -> Dict[str, float]:
         return self.stream.index_info
+
+    @property
+    def urls(self) -> Any:
+        return self.stream.urls
+
+    @property
+    def io_settings(self) -> Any:
+        return self.stream.io_settings
 
     def state_dict(self) -> Dict[str, Any]:
         """The position after the last item this process delivered (see
@@ -259,7 +268,10 @@ class Pipeline(FluidInterface, IterableDataset):
         run = Run(work, self.compiled, entry=entry, finish=_finisher(),
                   limit=spec.items if shard_plan else None,
                   repeats=spec.repetitions if shard_plan else 1,
-                  next_pass=next_pass if shard_plan else None, empty_check=self.empty_check)
+                  next_pass=next_pass if shard_plan else None,
+                  # webdataset's check is per worker: the shard plan's; the sample plan deals
+                  # blocks, and a worker without one is normal there.
+                  empty_check=self.empty_check and shard_plan)
         stream._active = run
         return iter(run)
 

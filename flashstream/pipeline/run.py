@@ -64,6 +64,25 @@ def compile_stages(stages: Tuple[Stage, ...], *, by_block: bool) -> Compiled:
     return Compiled(stages, block, before, after, holds)
 
 
+class _Drained:
+    """An iterator over ``items`` that knows whether it was run to the end (a stage whose
+    handler says stop leaves it unfinished, even at the block's last item)."""
+
+    def __init__(self, items: List[Any]) -> None:
+        self._items = iter(items)
+        self.drained = False
+
+    def __iter__(self) -> _Drained:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._items)
+        except StopIteration:
+            self.drained = True
+            raise
+
+
 def _each(stages: Tuple[Each, ...], items: Iterator[Any]) -> Iterator[Any]:
     for stage in stages:
         items = stage.apply(items)
@@ -179,12 +198,11 @@ class Run:
         empty blocks give no batch (see docs/pipeline.md)."""
         stage = self.compiled.block
         for size, block in self.source.generate_blocks(with_sizes=True):
-            items = iter(block)
+            items = _Drained(block)
             survivors = list(_each(self.compiled.before, items))
-            stopped = next(items, _END) is not _END  # a stage's handler ended the stream
             if survivors and (stage.partial or size == stage.size):
                 yield stage.collate(survivors)
-            if stopped:
+            if not items.drained:  # a stage's handler ended the stream
                 return
 
     def _samples(self) -> Iterator[Any]:

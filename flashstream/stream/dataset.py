@@ -271,8 +271,9 @@ class ShardStream(FluidInterface, IterableDataset):
         self._pending, self._pending_token = None, ""
 
     def _follow_main_epoch(self) -> None:
-        """In a worker: take the epoch the main process set last. A worker started before that
-        ``set_epoch`` (``persistent_workers=True``) would otherwise repeat its old epoch."""
+        """Take the epoch set last in the main process, on this stream or on one it was derived
+        from or for (pipelines share the note). A worker started before that ``set_epoch``
+        (``persistent_workers=True``) would otherwise repeat its old epoch."""
         text = self._main_epoch.read()
         if text.isdigit() and int(text) != self.epoch:
             self._switch_epoch(int(text))
@@ -346,6 +347,8 @@ class ShardStream(FluidInterface, IterableDataset):
         only known with an index."""
         if self.index is None:
             raise TypeError("ShardStream has no length with index=False (no index)")
+        if get_worker_info() is None:
+            self._follow_main_epoch()
         return self._rank_plan(self._world()).length
 
     # -- iteration ----------------------------------------------------------------------------
@@ -365,8 +368,8 @@ class ShardStream(FluidInterface, IterableDataset):
                              f"nodesplitter=wds.split_by_node to split shards by rank, or "
                              f"nodesplitter=None to read all shards on every rank")
         info = get_worker_info()
+        self._follow_main_epoch()  # set_epoch on the stream or on a pipeline built from it
         if info is not None:
-            self._follow_main_epoch()
             self._marks.mark(self.epoch)
         resume = self._take_pending(info)
         self.resumed = resume
@@ -381,8 +384,11 @@ class ShardStream(FluidInterface, IterableDataset):
                           world.worker, world.num_workers, config.lanes, config.batch_size,
                           repeat)
         if config.resampled:
-            draws = ShardDraws(len(self.urls), sys.maxsize, config.seed, ctx.order, world.rank,
-                               world.worker, world.num_workers)
+            # Seeded from the job's own rank and worker, split or not (as webdataset's are):
+            # unsplit ranks and workers draw their own shards rather than the same ones.
+            job = current_world(self._job)
+            draws = ShardDraws(len(self.urls), sys.maxsize, config.seed, ctx.order, job.rank,
+                               job.worker, job.num_workers)
             entry = shard_entry(resume, world.worker, world.num_workers) if resume else None
             self._active = ShardPass(ctx, draws, entry, window=RESAMPLED_WINDOW)
         elif self.index is None:
@@ -474,6 +480,8 @@ class ShardStream(FluidInterface, IterableDataset):
         """The position after the last sample this process's pass delivered, as plain values
         (ints, strings, lists, str-keyed dicts). Inside a DataLoader worker: that worker's
         position (torchdata's StatefulDataLoader collects them)."""
+        if get_worker_info() is None:
+            self._follow_main_epoch()  # set_epoch on a stream this one was derived from
         world = self._world()
         identity = self._identity(world)
         active = self._active
@@ -500,6 +508,8 @@ class ShardStream(FluidInterface, IterableDataset):
         """Resume from ``state`` (from ``state_dict()``, or ``collect_states()`` of a
         DataLoader's state): the next pass continues its epoch exactly where it stopped.
         Raises ``ValueError`` when the state does not fit this stream and job."""
+        if get_worker_info() is None:
+            self._follow_main_epoch()  # set_epoch on a stream this one was derived from
         check_state(state, self._identity(self._world()))
         if finished(state) and state["epoch"] < self.epoch:
             # Saved after the last sample of an epoch older than the one set (torchdata loads

@@ -162,14 +162,24 @@ class ShardPass(_Work):
     def generate(self) -> Iterator[Dict]:
         push = self.buffer.push if self.buffer is not None else None
         count = len(self.shards)
+        try:
+            yield from self._windows(push, count)
+        finally:
+            if self.window is not None:
+                self.ctx.on_end(self.ctx.stats)
+        while self.buffer is not None and len(self.buffer):
+            yield self.buffer.drain()[3]
+
+    def _windows(self, push, count: int) -> Iterator[Dict]:
         while True:
             stop = count if self.window is None else min(count, self.position + self.window)
             pieces, owners, restoring = self._pieces(stop)
             first = self.position
             restored: Dict[Tuple[int, int], Optional[Dict]] = {}
-            stats = self.ctx.stats if self.window is None else ReadStats()
-            records = iter(Records(pieces, self.ctx.settings, self.ctx.handler, stats,
-                                   self.ctx.on_end))
+            # One reader per window; the figures add up in the pass's stats, reported once.
+            on_end = self.ctx.on_end if self.window is None else None
+            records = iter(Records(pieces, self.ctx.settings, self.ctx.handler,
+                                   self.ctx.stats, on_end))
             try:
                 for piece, offset, end, sample in records:
                     if piece < restoring:
@@ -192,8 +202,6 @@ class ShardPass(_Work):
             self.position, self.offset = stop, 0
             if stop >= count:
                 break
-        while self.buffer is not None and len(self.buffer):
-            yield self.buffer.drain()[3]
 
 
 @dataclasses.dataclass(frozen=True)

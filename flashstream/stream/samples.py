@@ -196,12 +196,20 @@ class _Pass:
         return ShardFormatError(url, offset, f"corrupt compressed data: {exn}")
 
     def finish(self) -> None:
-        read = self.reader.stats()
+        """Add this reader's figures to the stats (a pass may use several readers in turn:
+        resampled shards are read a window at a time)."""
+        read, stats = self.reader.stats(), self.stats
         for name in ("bytes_read", "requests", "short_reads", "direct_files", "buffered_files",
-                     "wait_ns", "latency_sum_ns", "latency_min_ns", "latency_max_ns"):
-            setattr(self.stats, name, read[name])
-        self.stats.latency_counts = self.reader.latency_counts()
-        self.stats.members = self.scanner.stats()["members"]
+                     "wait_ns", "latency_sum_ns"):
+            setattr(stats, name, getattr(stats, name) + read[name])
+        if read["latency_count"]:
+            stats.latency_min_ns = (read["latency_min_ns"] if not stats.latency_max_ns
+                                    else min(stats.latency_min_ns, read["latency_min_ns"]))
+            stats.latency_max_ns = max(stats.latency_max_ns, read["latency_max_ns"])
+        counts = self.reader.latency_counts()
+        stats.latency_counts = (counts if stats.latency_counts is None
+                                else stats.latency_counts + counts)
+        stats.members += self.scanner.stats()["members"]
         self.reader.close()
 
 

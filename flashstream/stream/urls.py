@@ -62,6 +62,7 @@ def local_path(url: str) -> str:
         return parsed.path if parsed.scheme == "file" else url
     if len(parsed.scheme) == 1:  # a Windows-style drive letter is not a scheme
         return url
-    raise ValueError(f"{url!r}: flashstream reads shards from a local drive (plain paths or "
-                     f"file:// urls), not {parsed.scheme}: urls; stage the shards on the local "
-                     f"drive first (aws s3 cp, gsutil cp, curl -o, ...) and pass their paths")
+    raise ValueError(f"{url!r}: only local files are supported (plain paths or file:// urls), "
+                     f"not {parsed.scheme}: urls, since flashstream reads the drive with "
+                     f"O_DIRECT; stage the shards on the local drive first (aws s3 cp, gsutil "
+                     f"cp, curl -o, ...) and pass their paths")
