@@ -101,6 +101,52 @@ def write_synthetic_shards(directory: Path, *, sample_size: int, total_bytes: in
     return [directory / n for n in names]
 
 
+def write_jpeg_shards(directory: Path, *, total_bytes: int, shard_bytes: int, side: int = 96,
+                      seed: int = 0, progress=None) -> List[Path]:
+    """Shards of small JPEGs (``{key}.jpg``, ``side`` x ``side``, smooth shapes and noise, as
+    photos compress) and a label (``{key}.cls``); reused when a manifest matches."""
+    from PIL import Image
+
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = directory / "manifest.json"
+    wanted = {"kind": "jpeg", "side": side, "total_bytes": total_bytes,
+              "shard_bytes": shard_bytes, "seed": seed, "format": 1}
+    if manifest.exists():
+        try:
+            done = json.loads(manifest.read_text())
+            if done["params"] == wanted and all((directory / n).exists() for n in done["shards"]):
+                return [directory / n for n in done["shards"]]
+        except (ValueError, KeyError):
+            pass
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+
+    def jpeg() -> bytes:
+        a, b, c = rng.random(3)
+        base = np.stack([np.sin(6 * (x * a + y * b) + 3 * c), np.cos(5 * x * c + 4 * y * a),
+                         x * b + y * (1 - b)], axis=-1)
+        pixels = np.clip((base * 0.5 + 0.5) * 255 + rng.normal(0, 12, base.shape), 0, 255)
+        out = io.BytesIO()
+        Image.fromarray(pixels.astype(np.uint8)).save(out, format="JPEG", quality=85)
+        return out.getvalue()
+
+    names: List[str] = []
+    written = index = 0
+    while written < total_bytes:
+        names.append(f"jpeg-{len(names):06d}.tar")
+        with tarfile.open(directory / names[-1], "w", format=tarfile.GNU_FORMAT) as tar:
+            while written < total_bytes and tar.fileobj.tell() < shard_bytes:
+                data = jpeg()
+                _add(tar, f"image{index:09d}.jpg", data)
+                _add(tar, f"image{index:09d}.cls", str(index % 1000).encode())
+                written += len(data) + 1536
+                index += 1
+        if progress is not None:
+            progress.update(1)
+    manifest.write_text(json.dumps({"params": wanted, "shards": names}))
+    return [directory / n for n in names]
+
+
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
@@ -196,10 +242,13 @@ COLLATES = {("count", True): count_batch, ("count", False): count_sample,
             ("list", True): as_list, ("list", False): as_is}  # (mode, batched) -> collate_fn
 
 
-def median_round(rounds: Sequence[Dict[str, object]]) -> int:
-    """Index of the round whose cold ShardStream time is the median: the one to show."""
-    seconds = [r["cold_shardstream"]["seconds"] for r in rounds]
-    return seconds.index(statistics.median_low(seconds))
+def median_round(rounds: Sequence[Dict[str, object]], key: str = "cold_shardstream") -> int:
+    """Index of the round whose ``key`` time is the median: the one to show."""
+    seconds = [r[key]["seconds"] for r in rounds if r.get(key)]
+    if not seconds:
+        return 0
+    return [r.get(key, {}).get("seconds") for r in rounds].index(
+        statistics.median_low(seconds))
 
 
 # -- output -------------------------------------------------------------------------------------

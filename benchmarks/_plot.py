@@ -2,10 +2,11 @@
 """The benchmarks' figures, drawn from their JSON alone (so any saved run can be re-drawn).
 
 epoch.py:
-One row per profile: (1) read throughput over time as the device counted it, for the cold
-ShardStream and cold webdataset epochs of the median round, with the probe's best sequential
-read and fio's GB/s as horizontal lines; (2) the request-latency CDF of ShardStream's cold
-epochs, with the probe's p95 at the nearest request shape marked.
+One row per data set: (1) read throughput over time as the device counted it, for each
+loader's cold epoch of the median round, with the probe's best sequential read and fio's GB/s
+as horizontal lines; (2) samples/s per loader (median over rounds), the ratios the targets
+use written beside; (3) the request-latency CDF of the flashstream epoch read through
+DataLoader workers, with the probe's p95 at the nearest request shape marked.
 
 checkpoint.py: write GB/s over time per writer, the stall per save, and (with --reader) the
 reader's p95 beside each writer; see plot_checkpoint.
@@ -20,7 +21,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
@@ -29,6 +30,13 @@ from flashstream.sizes import format_size  # noqa: E402
 
 COLORS = {"ShardStream": "tab:blue", "webdataset": "tab:orange", "probe": "tab:green",
           "fio": "tab:gray"}
+LOADER_STYLE = {  # loader -> (label, color)
+    "inprocess": ("ShardStream in process", "tab:cyan"),
+    "tensors": ("tensors(B) via workers", "tab:blue"),
+    "webdataset": ("webdataset chain via workers", "tab:orange"),
+    "decode_flashstream": ("flashstream decode chain", "tab:blue"),
+    "decode_webdataset": ("webdataset decode chain", "tab:orange"),
+}
 
 
 def pyplot():
@@ -59,51 +67,41 @@ def plot_epoch(payload: Dict[str, object], path: Path) -> Optional[Path]:
     if plt is None:
         return None
     results = payload["results"]
-    fig, axes = plt.subplots(len(results), 2, figsize=(13, 4.3 * len(results)), squeeze=False)
-    for (name, result), (left, right) in zip(results.items(), axes):
-        run = result["rounds"][_bench.median_round(result["rounds"])]
-        _throughput(left, name, run, result["median"], payload.get("probe"))
-        _latency_cdf(right, name, run)
+    fig, axes = plt.subplots(len(results), 3, figsize=(18, 4.3 * len(results)), squeeze=False,
+                             gridspec_kw={"width_ratios": [5, 3, 4]})
+    for (name, result), (left, middle, right) in zip(results.items(), axes):
+        monitored = "tensors" if "tensors" in result["loaders"] else "decode_flashstream"
+        run = result["rounds"][_bench.median_round(result["rounds"], monitored)]
+        _throughput(left, name, run, result, payload.get("probe"))
+        _rates(middle, name, result)
+        _latency_cdf(right, name, run.get(monitored))
     fig.suptitle(_title(payload), fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return save(fig, path)
 
 
 def _title(payload: Dict[str, object]) -> str:
     env, loader = payload["environment"], payload["loader"]
-    batch = f"batch {loader['batch_size']}" if loader["batch_size"] else "per-sample"
-    if loader.get("collate"):
-        batch += f", collate {loader['collate']}"
-    sizes = ", ".join(f"{name} samples: {r['bytes'] / 1e9:.2f} GB in {len(r['shards'])} shards"
+    sizes = ", ".join(f"{name}: {r['bytes'] / 1e9:.2f} GB in {len(r['shards'])} shards"
                       for name, r in payload["results"].items())
     return (f"Cold epochs on {env.get('device_name') or env['device']} "
             f"({env.get('device_model') or 'unknown model'}), engine {env['engine']} — "
-            f"workers {loader['workers']}, {batch}, epochs {loader['epochs']}, "
+            f"{loader['workers']} DataLoader workers, batch {loader['batch_size']}, "
             f"median round of {loader['rounds']}\n{sizes}")
 
 
-def _stitched(epochs: Sequence[Dict[str, object]]) -> Tuple[List[float], List[float]]:
-    """The epochs' device timelines laid end to end (eviction time between them left out).
-
-    Each point is the rate over the interval ending at t, so the line starts at t=0 with the
-    first interval's rate and is drawn as steps."""
-    ts: List[float] = []
-    rates: List[float] = []
-    offset = 0.0
-    for epoch in epochs:
-        timeline = [tuple(p[:2]) for p in epoch.get("disk_timeline") or []]
-        timeline += _last_interval(timeline, _disk_totals(epoch))
-        if timeline:
-            ts.append(offset)
-            rates.append(timeline[0][1])
-        for t, read in timeline:
-            ts.append(offset + t)
-            rates.append(read)
-        offset += epoch["seconds"]
-    return ts, rates
+def _timeline(epoch: Dict[str, object]) -> Tuple[List[float], List[float]]:
+    """The epoch's device timeline: each point is the rate over the interval ending at t,
+    drawn as steps from t=0; the tail after the last sample comes from the epoch's totals."""
+    timeline = [tuple(p[:2]) for p in epoch.get("disk_timeline") or []]
+    timeline += _last_interval(timeline, _disk_totals(epoch))
+    if not timeline:
+        return [], []
+    return [0.0] + [t for t, _ in timeline], [timeline[0][1]] + [r for _, r in timeline]
 
 
 def _disk_totals(epoch: Dict[str, object]) -> Optional[Dict[str, object]]:
-    """The device totals of the epoch: in the EpochReport for ShardStream, beside it for
+    """The device totals of the epoch: in the EpochReport for flashstream, beside it for
     webdataset."""
     return (epoch.get("report") or {}).get("disk") or epoch.get("disk")
 
@@ -124,24 +122,24 @@ def _last_interval(timeline: List[Tuple[float, float]],
     return [(disk["seconds"], max(0.0, disk["read_bytes"] - sampled) / width / 1e9)]
 
 
-def _throughput(ax, name: str, run: Dict[str, object], median: Dict[str, object],
+def _throughput(ax, name: str, run: Dict[str, object], result: Dict[str, object],
                 probe: Optional[Dict[str, object]]) -> None:
-    for key, label in (("cold_shardstream", "ShardStream"), ("cold_webdataset", "webdataset")):
-        if not run.get(key):
+    for key in result["loaders"]:
+        if key == "fio" or not run.get(key):
             continue
-        ts, rates = _stitched(run[key]["epochs"])
+        label, color = LOADER_STYLE[key]
+        ts, rates = _timeline(run[key])
         if ts:
-            ax.step(ts, rates, where="pre", color=COLORS[label], marker=".", markersize=3,
-                    label=f"{label} cold ({run[key]['gbps']:.2f} GB/s of shards)")
+            ax.step(ts, rates, where="pre", color=color, marker=".", markersize=3,
+                    label=f"{label} ({run[key]['gbps']:.2f} GB/s of shards)")
     best = (probe or {}).get("best_read_gbps")
     if best:
         ax.axhline(best, color=COLORS["probe"], linestyle="--",
                    label=f"probe best sequential read ({best:.2f} GB/s)")
-    fio = (median.get("cold_fio") or {}).get("gbps")
+    fio = (result["median"].get("fio") or {}).get("gbps")
     if fio:
         ax.axhline(fio, color=COLORS["fio"], linestyle=":", label=f"fio ({fio:.2f} GB/s)")
-    epochs = len(run["cold_shardstream"]["epochs"])
-    ax.set_xlabel("seconds" + (f" ({epochs} epochs end to end)" if epochs > 1 else ""))
+    ax.set_xlabel("seconds into the epoch (DataLoader start included)")
     ax.set_ylabel("device read GB/s")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=0)
@@ -150,18 +148,38 @@ def _throughput(ax, name: str, run: Dict[str, object], median: Dict[str, object]
     ax.legend(fontsize=8, loc="best")
 
 
-def _latency_cdf(ax, name: str, run: Dict[str, object]) -> None:
-    epochs = run["cold_shardstream"]["epochs"]
-    for i, epoch in enumerate(epochs):
-        cdf = epoch.get("latency_cdf") or {}
-        if cdf.get("us"):
-            # Start from 0 at the first bucket, so the rise to the first fraction shows.
-            ax.step(cdf["us"][:1] + cdf["us"], [0.0] + cdf["fraction"], where="post",
-                    color=COLORS["ShardStream"], alpha=1.0 if i == 0 else 0.4,
-                    label="ShardStream cold, epoch 1" if i == 0 else
-                    ("later epochs" if i == 1 else None))
-    report = epochs[0]["report"]
-    shape = epochs[0].get("probe_same_shape")
+def _rates(ax, name: str, result: Dict[str, object]) -> None:
+    median = result["median"]
+    keys = [k for k in result["loaders"] if k != "fio" and median.get(k)]
+    values = [median[k]["samples_per_s"] for k in keys]
+    bars = ax.barh([LOADER_STYLE[k][0] for k in keys], values,
+                   color=[LOADER_STYLE[k][1] for k in keys])
+    for bar, value in zip(bars, values):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:,.0f}",
+                va="center", fontsize=8)
+    notes = [f"{k.replace('_', ' ')}: {median[k]:.2f}x" for k in
+             ("tensors_vs_inprocess", "tensors_vs_webdataset", "decode_vs_webdataset")
+             if median.get(k) is not None]
+    if notes:
+        ax.text(0.98, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom",
+                fontsize=8, bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
+    ax.invert_yaxis()
+    ax.set_xlabel("samples/s (median over rounds)")
+    ax.set_title(f"{name}: samples/s reaching the loop", fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_xlim(right=max(values, default=1) * 1.25)
+
+
+def _latency_cdf(ax, name: str, epoch: Optional[Dict[str, object]]) -> None:
+    cdf = (epoch or {}).get("latency_cdf") or {}
+    if not cdf.get("us"):
+        ax.set_axis_off()
+        return
+    # Start from 0 at the first bucket, so the rise to the first fraction shows.
+    ax.step(cdf["us"][:1] + cdf["us"], [0.0] + cdf["fraction"], where="post",
+            color=COLORS["ShardStream"], label="flashstream reads, through workers")
+    report = epoch["report"]
+    shape = epoch.get("probe_same_shape")
     if shape and shape.get("p95_us"):
         ax.axvline(shape["p95_us"], color=COLORS["probe"], linestyle="--",
                    label=f"probe p95 at {format_size(shape['block_size'])} x "
@@ -169,14 +187,14 @@ def _latency_cdf(ax, name: str, run: Dict[str, object]) -> None:
     p95 = report["request_latency_us"].get("p95")
     if p95:
         ax.axvline(p95, color=COLORS["ShardStream"], linestyle=":",
-                   label=f"ShardStream p95 ({p95:,.0f} us)")
+                   label=f"flashstream p95 ({p95:,.0f} us)")
     ax.axhline(0.95, color="black", linewidth=0.5, alpha=0.4)
     ax.set_xscale("log")
     _plain_log_labels(ax.xaxis)
     ax.set_xlabel("request latency (us, log scale)")
     ax.set_ylabel("fraction of read requests")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"{name}: ShardStream read-request latency CDF "
+    ax.set_title(f"{name}: read-request latency CDF "
                  f"({format_size(report['chunk_size'])} x {report['queue_depth']} in flight)",
                  fontsize=10)
     ax.grid(alpha=0.3, which="both")
@@ -190,7 +208,7 @@ def _plain_log_labels(axis) -> None:
 
     def minor(value: float, _pos) -> str:
         lead = round(value / 10 ** math.floor(math.log10(value)))
-        return f"{value:,.0f}" if lead in (2, 3, 5) else ""
+        return f"{value:,.0f}" if lead in (2, 5) else ""
 
     axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
     axis.set_minor_formatter(FuncFormatter(minor))

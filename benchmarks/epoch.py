@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
-"""Epochs over tar shards: ShardStream vs webdataset vs fio vs the drive's probe, in one run.
+"""Cold epochs the way training scripts read them: flashstream vs webdataset vs fio, in one run.
 
-    python benchmarks/epoch.py                  # generates 100 KB and 8 KB sample shard sets
+    python benchmarks/epoch.py                  # generates 100 KB, 8 KB and JPEG shard sets
     python benchmarks/epoch.py --data /mnt/plc  # the shards already in a directory
-    python benchmarks/epoch.py --workers 4 --batch-size 64 --epochs 3
+    python benchmarks/epoch.py --workers 4 --batch-size 64 --rounds 5
 
-Every cold epoch evicts the shards from the page cache first (and residency is checked after
-each cold ShardStream epoch). Figures are seconds, GB/s of shard bytes, samples/s, GB/s as a
-share of the device probe's best sequential read, and the ratios between loaders measured in
-the same round; the median over epochs, then over rounds, is reported. The cold ShardStream
-epochs run under EpochMonitor (request latency, batch wait, device counters); webdataset's
-device throughput is sampled the same way. A table goes to stdout, everything to JSON, and the
-throughput-over-time and latency plots to a PNG.
+Each round times one cold epoch of every loader (the shards evicted from the page cache
+first), in an order that rotates from round to round:
+
+    inprocess   ShardStream in this process, sample by sample            (a)
+    tensors     ShardStream(...).tensors(B) through DataLoader workers    (b)
+    webdataset  webdataset's .map(to_tensor).batched(B), same loader      (c)
+    decode_*    .decode("torchrgb8").to_tuple("jpg", "cls").batched(B) on small JPEGs,
+                flashstream.WebDataset vs webdataset.WebDataset, same loader  (d)
+    fio         a sequential O_DIRECT read of the same files
+
+The DataLoaders keep their workers from epoch to epoch (``persistent_workers=True``, as long
+training runs do; ``--no-persistent-workers`` starts them anew for every epoch): they are
+started once, untimed, before the first round. Figures: seconds (the whole epoch), time to
+the first item, samples/s and GB/s of shard bytes, and the share of the device probe's best
+sequential read. Ratios are taken within each round and their median reported.
+flashstream's epochs run under EpochMonitor (request latency, batch wait, device counters) and
+the page cache is checked after each. A table goes to stdout, everything to JSON, and a
+figure to a PNG.
 """
 
 from __future__ import annotations
@@ -20,14 +31,16 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import tarfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
+import _loaders  # noqa: E402
 import _plot  # noqa: E402
 
 import flashstream  # noqa: E402
@@ -39,16 +52,32 @@ from flashstream.telemetry.report import EpochMonitor  # noqa: E402
 
 # name -> (sample payload bytes, default data set bytes, shard bytes)
 PROFILES = {"100KB": (100_000, 1 << 30, 128 << 20), "8KB": (8_000, 384 << 20, 64 << 20)}
-TARGETS = {
-    "cold ShardStream GB/s / fio GB/s (100KB)": ("100KB", "cold_ss_vs_fio", 0.9),
-    "warm ShardStream samples/s / webdataset (8KB)": ("8KB", "warm_ss_vs_wds", 5.0),
+JPEG = "jpeg"  # small JPEGs for the decode chain: default data set bytes, shard bytes
+JPEG_SIZES = (64 << 20, 16 << 20)
+# (profile, ratio, floor, what it compares)
+TARGETS = [
+    ("100KB", "tensors_vs_inprocess", 0.85,
+     "tensors(B) through DataLoader workers / ShardStream in process, samples/s"),
+    ("100KB", "tensors_vs_webdataset", 4.0,
+     "tensors(B) / webdataset .map(to_tensor).batched(B), same loader, samples/s"),
+    ("8KB", "tensors_vs_webdataset", 10.0,
+     "tensors(B) / webdataset .map(to_tensor).batched(B), same loader, samples/s"),
+    (JPEG, "decode_vs_webdataset", 1.0,
+     "flashstream decode chain / webdataset decode chain, same loader, samples/s"),
+    ("100KB", "inprocess_vs_fio", 0.9, "ShardStream in process / fio, GB/s"),
+]
+MAX_RESIDENCY = 0.01  # page cache share of the shards after a cold flashstream epoch
+RATIOS = {  # name -> (numerator, denominator, field)
+    "tensors_vs_inprocess": ("tensors", "inprocess", "samples_per_s"),
+    "tensors_vs_webdataset": ("tensors", "webdataset", "samples_per_s"),
+    "inprocess_vs_webdataset": ("inprocess", "webdataset", "samples_per_s"),
+    "inprocess_vs_fio": ("inprocess", "fio", "gbps"),
+    "tensors_vs_fio": ("tensors", "fio", "gbps"),
+    "decode_vs_webdataset": ("decode_flashstream", "decode_webdataset", "samples_per_s"),
 }
-MAX_RESIDENCY = 0.05
-LOADERS = ("cold_fio", "cold_shardstream", "cold_webdataset", "warm_shardstream",
-           "warm_webdataset")
 SAMPLE_INTERVAL = 0.1  # seconds between device-counter samples: the plot's time resolution
-FIGURES = ("seconds", "samples", "batches", "bytes_read", "gbps", "samples_per_s",
-           "gbps_vs_probe")
+FIGURES = ("seconds", "first_item_s", "samples", "batches", "bytes_read", "gbps",
+           "samples_per_s", "gbps_vs_probe", "residency")
 
 
 @dataclasses.dataclass
@@ -64,66 +93,58 @@ class Setup:
         best = self.probe.best("read") if self.probe else None
         return best.gbps if best else None
 
+
+@dataclasses.dataclass
+class DataSet:
+    name: str
+    paths: List[Path]
+    loaders: Sequence[str]  # what to time on it (fio is added to plain data sets)
+
     @property
-    def size(self) -> Optional[Callable[[object], int]]:
-        """How many samples one item of the loader holds (None: each item is one sample)."""
-        if self.args.collate == "count" and (self.args.workers or self.args.batch_size):
-            return int  # the DataLoader's collate already counted them
-        return len if self.args.batch_size is not None else None
+    def bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.paths)
 
 
-# -- loaders ------------------------------------------------------------------------------------
-def loader_for(dataset, args):
-    """The dataset itself (no workers, no batch: per-sample in this process), else a
-    DataLoader whose collate counts the samples or keeps them as they are (--collate)."""
-    if not args.workers and args.batch_size is None:
-        return dataset
-    from torch.utils.data import DataLoader
-
-    collate = _bench.COLLATES[args.collate, args.batch_size is not None]
-    return DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
-                      collate_fn=collate)
-
-
-def time_epoch(batches: Iterable, size: Optional[Callable[[object], int]]) -> Dict[str, float]:
+# -- one epoch ----------------------------------------------------------------------------------
+def timed(items, count) -> Dict[str, float]:
+    """Iterate ``items`` once: seconds, time to the first item, samples and items."""
     start = time.perf_counter()
-    samples = count = 0
-    if size is None:  # one sample per item: the tightest loop, as a training loop would be
-        for _ in batches:
-            count += 1
-        samples = count
-    else:
-        for batch in batches:
-            count += 1
-            samples += size(batch)
-    return {"seconds": time.perf_counter() - start, "samples": samples, "batches": count}
+    first: Optional[float] = None
+    samples = batches = 0
+    for item in items:
+        if first is None:
+            first = time.perf_counter() - start
+        samples += count(item)
+        batches += 1
+    return {"seconds": time.perf_counter() - start, "first_item_s": first or 0.0,
+            "samples": samples, "batches": batches}
 
 
-def shardstream_epochs(paths: List[Path], setup: Setup, *, cold: bool) -> List[Dict]:
-    """E consecutive epochs of one stream. Cold: evict before each and run under EpochMonitor.
-    Warm epochs run without it, so the warm figure is the bare loop (the monitor's generator
-    and clock reads cost under a microsecond an item, visible only with small samples)."""
-    args = setup.args
-    stream = flashstream.ShardStream([str(p) for p in paths], engine=args.engine,
-                                     chunk_size=args.chunk_size, queue_depth=args.queue_depth)
-    loader = loader_for(stream, args)
-    monitor = (EpochMonitor(stream, probe=setup.probe, device=setup.device,
-                            sample_interval=SAMPLE_INTERVAL) if cold else None)
-    epochs = []
-    for epoch in range(args.epochs):
-        stream.set_epoch(epoch)
-        if cold:
-            evict(paths)
-        stream.reset_stats()
-        timed = time_epoch(monitor.track(loader) if monitor else loader, setup.size)
-        if monitor:
-            timed["residency"] = residency(paths)  # first, before anything else reads them
-            timed.update(monitored(monitor))
-        totals = stream.stats()  # summed over DataLoader workers
-        timed.update(bytes_read=totals["bytes_read"],
-                     direct=totals["direct_files"] > 0 and totals["buffered_files"] == 0)
-        epochs.append(timed)
-    return epochs
+def cold_epoch(name: str, data: DataSet, setup: Setup,
+               loader: Optional[_loaders.Loader]) -> Dict[str, object]:
+    """One cold epoch of loader ``name`` (``loader``: the one kept from epoch to epoch, else a
+    new one): evicted first, monitored, page cache checked after."""
+    if name == "fio":
+        evict(data.paths)
+        return _bench.fio_sequential_read(data.paths) or {}
+    if loader is None:
+        loader = _loaders.make_loader(name, data.paths, setup.args)
+    evict(data.paths)
+    if loader.dataset is None:  # webdataset keeps no statistics: sample the device
+        sampler = DiskSampler(setup.device, SAMPLE_INTERVAL).start()
+        result: Dict[str, object] = dict(timed(loader.items, loader.count))
+        disk = sampler.stop()
+        result.update(disk=disk.to_dict() if disk else None, disk_timeline=sampler.timeline)
+        return result
+    monitor = EpochMonitor(loader.dataset, probe=setup.probe, device=setup.device,
+                           sample_interval=SAMPLE_INTERVAL)
+    result = dict(timed(monitor.track(loader.items), loader.count))
+    result["residency"] = residency(data.paths)  # first, before anything else reads them
+    totals = loader.dataset.stats()  # summed over DataLoader workers
+    result.update(bytes_read=totals["bytes_read"],
+                  direct=totals["direct_files"] > 0 and totals["buffered_files"] == 0)
+    result.update(monitored(monitor))
+    return result
 
 
 def monitored(monitor: EpochMonitor) -> Dict[str, object]:
@@ -143,238 +164,78 @@ def monitored(monitor: EpochMonitor) -> Dict[str, object]:
     }
 
 
-def webdataset_epochs(paths: List[Path], setup: Setup, *, cold: bool) -> List[Dict]:
-    """E consecutive epochs of webdataset; cold ones are evicted first and have the device
-    sampled (webdataset keeps no statistics of its own)."""
-    import webdataset as wds
-
-    # empty_check=False: a DataLoader worker left without a shard yields nothing, as ours does.
-    dataset = wds.WebDataset([str(p) for p in paths], shardshuffle=False, empty_check=False)
-    loader = loader_for(dataset, setup.args)
-    epochs = []
-    for _ in range(setup.args.epochs):
-        if cold:
-            evict(paths)
-        sampler = DiskSampler(setup.device, SAMPLE_INTERVAL if cold else None).start()
-        timed = time_epoch(loader, setup.size)
-        disk = sampler.stop()
-        if cold:
-            timed.update(disk=disk.to_dict() if disk else None, disk_timeline=sampler.timeline)
-        epochs.append(timed)
-    return epochs
-
-
-def warm_up(paths: List[Path]) -> None:
-    for path in paths:
-        with open(path, "rb") as f:
-            while f.read(16 << 20):
-                pass
-
-
-# -- one round ----------------------------------------------------------------------------------
-def with_rates(result: Optional[Dict], nbytes: int, probe_gbps: Optional[float]) -> Optional[Dict]:
-    if result is None:
-        return None
+def with_rates(result: Dict[str, object], nbytes: int, probe_gbps: Optional[float]) -> Dict:
+    if not result:
+        return result
     result.setdefault("gbps", nbytes / max(result["seconds"], 1e-9) / 1e9)
     if "samples" in result:
-        result["samples_per_s"] = result["samples"] / result["seconds"]
+        result["samples_per_s"] = result["samples"] / max(result["seconds"], 1e-9)
     if probe_gbps:
         result["gbps_vs_probe"] = result["gbps"] / probe_gbps
     return result
 
 
-def over_epochs(epochs: List[Dict], nbytes: int, setup: Setup) -> Dict[str, object]:
-    """A loader's figures for the round: the median over its epochs, with every epoch kept."""
-    for epoch in epochs:
-        with_rates(epoch, nbytes, setup.probe_gbps)
-    figures: Dict[str, object] = {k: statistics.median(e[k] for e in epochs)
-                                  for k in FIGURES if k in epochs[0]}
-    figures["epochs"] = epochs
-    return figures
-
-
-def one_round(paths: List[Path], setup: Setup, step: Callable[[str], None]) -> Dict[str, object]:
-    args = setup.args
-    nbytes = sum(p.stat().st_size for p in paths)
-    run: Dict[str, object] = {}
-
-    def measure(name: str, fn: Callable[..., List[Dict]], *, cold: bool) -> None:
-        step(name.replace("_", " "))
-        if not cold:
-            warm_up(paths)
-        run[name] = over_epochs(fn(paths, setup, cold=cold), nbytes, setup)
-
-    if not args.no_fio:
-        step("cold fio")
-        evict(paths)
-        run["cold_fio"] = with_rates(_bench.fio_sequential_read(paths), nbytes, setup.probe_gbps)
-    measure("cold_shardstream", shardstream_epochs, cold=True)
-    run["cache_residency_after_shardstream"] = max(
-        e["residency"] for e in run["cold_shardstream"]["epochs"])
-    if not args.no_webdataset:
-        measure("cold_webdataset", webdataset_epochs, cold=True)
-        measure("warm_webdataset", webdataset_epochs, cold=False)
-    measure("warm_shardstream", shardstream_epochs, cold=False)
+# -- rounds -------------------------------------------------------------------------------------
+def one_round(data: DataSet, setup: Setup, number: int, step,
+              kept: Dict[str, _loaders.Loader]) -> Dict[str, object]:
+    """Every loader once, starting with a different one each round (rotated order)."""
+    order = list(data.loaders)
+    order = order[number % len(order):] + order[:number % len(order)]
+    run: Dict[str, object] = {"order": order}
+    for name in order:
+        step(name)
+        run[name] = with_rates(cold_epoch(name, data, setup, kept.get(name)), data.bytes,
+                               setup.probe_gbps)
     run.update(ratios(run))
-    evict(paths)
     return run
 
 
 def ratios(run: Dict[str, object]) -> Dict[str, Optional[float]]:
-    def ratio(a: str, b: str, field: str) -> Optional[float]:
-        if run.get(a) is None or run.get(b) is None:
-            return None
-        return run[a][field] / run[b][field]
-
-    return {
-        "cold_ss_vs_fio": ratio("cold_shardstream", "cold_fio", "gbps"),
-        "cold_ss_vs_wds": ratio("cold_shardstream", "cold_webdataset", "samples_per_s"),
-        "warm_ss_vs_wds": ratio("warm_shardstream", "warm_webdataset", "samples_per_s"),
-    }
-
-
-def summarize(rounds: List[Dict[str, object]]) -> Dict[str, object]:
-    """Medians over rounds of every figure and ratio, and of each epoch's seconds."""
-    summary: Dict[str, object] = {}
-    for key, value in rounds[0].items():
-        if isinstance(value, dict):
-            summary[key] = {f: statistics.median(r[key][f] for r in rounds)
-                            for f, v in value.items() if isinstance(v, (int, float))
-                            and not isinstance(v, bool)}
-            if "epochs" in value:
-                summary[key]["epoch_seconds"] = [
-                    statistics.median(r[key]["epochs"][i]["seconds"] for r in rounds)
-                    for i in range(len(value["epochs"]))]
-        elif isinstance(value, float):
-            summary[key] = statistics.median(r[key] for r in rounds)
-    return summary
-
-
-# -- output -------------------------------------------------------------------------------------
-def report(name: str, result: Dict[str, object]) -> None:
-    summary = result["median"]
-    print(f"\n== {name}: {len(result['shards'])} shards, {result['bytes'] / 1e9:.3f} GB ==")
-    rows = []
-    for key in LOADERS:
-        figures = summary.get(key)
-        if not figures:
-            continue
-        share = figures.get("gbps_vs_probe")
-        rows.append({"run": key.replace("_", " "), **figures,
-                     "% of probe": None if share is None else f"{share:.0%}",
-                     "epochs (s)": " ".join(f"{s:.2f}" for s in figures.get("epoch_seconds", []))
-                     or None})
-    columns = ["run", "seconds", "gbps", "samples_per_s", "% of probe"]
-    if any(len(summary.get(k, {}).get("epoch_seconds", [])) > 1 for k in LOADERS):
-        columns.append("epochs (s)")
-    _bench.print_table(rows, columns)
-    for key in ("cold_ss_vs_fio", "cold_ss_vs_wds", "warm_ss_vs_wds",
-                "cache_residency_after_shardstream"):
-        if summary.get(key) is not None:
-            print(f"  {key:36s} {summary[key]:8.3f}")
-    index = _bench.median_round(result["rounds"])
-    first = result["rounds"][index]["cold_shardstream"]["epochs"][0]
-    print(f"\nShardStream cold epoch (round {index + 1}, epoch 1), EpochMonitor report:")
-    print("  " + first["report_table"].replace("\n", "\n  "))
-
-
-def check_targets(results: Dict[str, Dict[str, object]], args) -> Dict[str, object]:
-    verdicts: Dict[str, object] = {}
-    for label, (profile, key, floor) in TARGETS.items():
-        value = results.get(profile, {}).get("median", {}).get(key)
-        if value is not None:
-            verdicts[label] = {"value": value, "target": floor, "met": value >= floor}
-    for profile, result in results.items():
-        value = result["median"].get("cache_residency_after_shardstream")
-        if value is not None:
-            verdicts[f"page cache after cold ShardStream ({profile})"] = {
-                "value": value, "target": f"< {MAX_RESIDENCY}", "met": value < MAX_RESIDENCY}
-    if verdicts:
-        print("\ntargets (medians over rounds):")
-        if args.workers or args.batch_size or args.epochs > 1:
-            print("  (set for per-sample iteration in one process, one epoch: with other loader "
-                  "settings they are only indicative)")
-        _bench.print_verdicts(verdicts)
-    return verdicts
-
-
-# -- command line -------------------------------------------------------------------------------
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, help="directory of existing shards (*.tar, *.tgz, ...)")
-    p.add_argument("--workdir", type=Path, default=Path("bench-data"),
-                   help="where generated shards go (on the drive under test)")
-    p.add_argument("--profiles", default="100KB,8KB",
-                   help=f"generated sample sizes, from {', '.join(PROFILES)}")
-    p.add_argument("--size", default=None,
-                   help="bytes of each generated data set (default: 1GiB for 100KB samples, "
-                        "384MiB for 8KB)")
-    p.add_argument("--rounds", type=int, default=3, help="measurement rounds (median reported)")
-    p.add_argument("--epochs", type=int, default=1,
-                   help="consecutive epochs each loader runs per round (median reported)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="DataLoader workers (default 0: iterate in this process)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="DataLoader batch size (default: none, per-sample iteration)")
-    p.add_argument("--collate", choices=("count", "list"), default="count",
-                   help="what a DataLoader batch carries back: the sample count (default; "
-                        "measures the loaders) or the samples (adds pickling them between "
-                        "processes)")
-    p.add_argument("--engine", default=None, help="auto, uring, threads or python")
-    p.add_argument("--chunk-size", default=None, help="read request size, e.g. 4MiB")
-    p.add_argument("--queue-depth", type=int, default=None, help="reads in flight")
-    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
-                   help="measure the drive with the device probe (cached per device) and "
-                        "compare every loader with it (default: on)")
-    p.add_argument("--probe-size", default="1GiB", help="the probe's temporary file size")
-    p.add_argument("--no-webdataset", action="store_true")
-    p.add_argument("--no-fio", action="store_true")
-    p.add_argument("--json", type=Path, default=Path("bench-results/epoch.json"))
-    p.add_argument("--plot", type=Path, default=None,
-                   help="PNG of throughput over time and latency CDF (default: beside the JSON)")
-    args = p.parse_args(argv)
-    for name in ("rounds", "epochs"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
-    if args.workers < 0 or (args.batch_size is not None and args.batch_size < 1):
-        p.error("--workers must be at least 0 and --batch-size at least 1")
-    unknown = set(args.profiles.split(",")) - set(PROFILES)
-    if unknown:
-        p.error(f"unknown profile(s) {sorted(unknown)}; choose from {', '.join(PROFILES)}")
-    args.plot = args.plot or args.json.with_suffix(".png")
-    return args
-
-
-def datasets(args) -> Dict[str, List[Path]]:
-    if args.data is not None:
-        paths = sorted(p for p in args.data.iterdir()
-                       if p.suffix in (".tar", ".tgz", ".gz", ".bz2", ".xz") and p.is_file())
-        if not paths:
-            raise SystemExit(f"no shards (*.tar, *.tgz, ...) in {args.data}")
-        return {args.data.name or "data": paths}
-    out = {}
-    for name in args.profiles.split(","):
-        sample_size, default_total, shard_bytes = PROFILES[name]
-        total = parse_size(args.size, name="--size") if args.size else default_total
-        with tqdm(desc=f"writing {name} shards", unit="shard", leave=False, disable=None) as bar:
-            out[name] = _bench.write_synthetic_shards(
-                args.workdir / f"samples-{name}-{total}", sample_size=sample_size,
-                total_bytes=total, shard_bytes=min(shard_bytes, max(total // 4, 1 << 20)),
-                progress=bar)
+    out: Dict[str, Optional[float]] = {}
+    for name, (top, bottom, field) in RATIOS.items():
+        a, b = run.get(top) or {}, run.get(bottom) or {}
+        if a.get(field) and b.get(field):
+            out[name] = a[field] / b[field]
     return out
 
 
-def check_tools(args, info: Dict[str, object]) -> None:
-    """Leave out the baselines whose tools are missing, saying so."""
-    if not args.no_webdataset:
-        try:
-            import webdataset  # noqa: F401
-        except ImportError:
-            print("webdataset is not installed: comparing against fio only", file=sys.stderr)
-            args.no_webdataset = True
-    if info["fio"] is None and not args.no_fio:
-        print("fio is not installed: no drive baseline (apt-get install -y fio)", file=sys.stderr)
-        args.no_fio = True
+def summarize(rounds: List[Dict[str, object]]) -> Dict[str, object]:
+    """Medians over rounds of every loader's figures and of every ratio."""
+    summary: Dict[str, object] = {}
+    for key, value in rounds[0].items():
+        if isinstance(value, dict):
+            summary[key] = {f: statistics.median(r[key][f] for r in rounds if r[key].get(f)
+                                                 is not None)
+                            for f in FIGURES if value.get(f) is not None}
+        elif isinstance(value, float):
+            summary[key] = statistics.median(r[key] for r in rounds if r.get(key) is not None)
+    return summary
+
+
+def run_data_set(data: DataSet, setup: Setup) -> Dict[str, object]:
+    index = None
+    if "inprocess" in data.loaders or "tensors" in data.loaders:
+        index = build_index(data.paths, setup.args)
+        how = ", ".join(f"{index[k]} from {k}" for k in ("sidecar", "cache", "scan") if index[k])
+        rate = f" = {data.bytes / index['seconds'] / 1e9:.3f} GB/s" if index["scan"] else ""
+        print(f"{data.name}: shard index of {len(data.paths)} shards ({how}) in "
+              f"{index['seconds']:.2f} s{rate}")
+    kept: Dict[str, _loaders.Loader] = {}
+    if setup.args.persistent_workers:
+        for name in data.loaders:
+            if name != "fio":
+                kept[name] = _loaders.make_loader(name, data.paths, setup.args)
+                kept[name].start_workers()
+    steps = setup.args.rounds * len(data.loaders)
+    with tqdm(total=steps, desc=data.name, unit="epoch", leave=False, disable=None) as bar:
+        def step(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update(1)
+
+        rounds = [one_round(data, setup, r, step, kept) for r in range(setup.args.rounds)]
+    kept.clear()  # stops the workers
+    return {"shards": [str(p) for p in data.paths], "bytes": data.bytes, "index": index,
+            "loaders": list(data.loaders), "rounds": rounds, "median": summarize(rounds)}
 
 
 def build_index(paths: List[Path], args) -> Dict[str, float]:
@@ -385,43 +246,172 @@ def build_index(paths: List[Path], args) -> Dict[str, float]:
     return dict(stream.index_info)
 
 
-def run_profile(paths: List[Path], setup: Setup, name: str) -> Dict[str, object]:
-    index = build_index(paths, setup.args)
-    nbytes = sum(p.stat().st_size for p in paths)
-    how = ", ".join(f"{index[k]} from {k}" for k in ("sidecar", "cache", "scan") if index[k])
-    rate = f" = {nbytes / index['seconds'] / 1e9:.3f} GB/s" if index["scan"] else ""
-    print(f"{name}: shard index of {len(paths)} shards ({how}) in {index['seconds']:.2f} s{rate}")
-    steps = setup.args.rounds * (4 - 2 * setup.args.no_webdataset - setup.args.no_fio + 1)
-    with tqdm(total=steps, desc=name, unit="step", leave=False, disable=None) as bar:
-        def step(label: str) -> None:
-            bar.set_postfix_str(label)
-            bar.update(1)
+# -- output -------------------------------------------------------------------------------------
+def report(name: str, result: Dict[str, object]) -> None:
+    summary = result["median"]
+    print(f"\n== {name}: {len(result['shards'])} shards, {result['bytes'] / 1e9:.3f} GB ==")
+    rows = []
+    for key in result["loaders"]:
+        figures = summary.get(key)
+        if not figures:
+            continue
+        share = figures.get("gbps_vs_probe")
+        rows.append({"loader": key, **figures,
+                     "% of probe": None if share is None else f"{share:.0%}"})
+    _bench.print_table(rows, ["loader", "seconds", "first_item_s", "samples_per_s", "gbps",
+                              "% of probe", "residency"])
+    for key in RATIOS:
+        if summary.get(key) is not None:
+            print(f"  {key:28s} {summary[key]:8.3f}")
+    monitored_key = "tensors" if "tensors" in result["loaders"] else "decode_flashstream"
+    index = _bench.median_round(result["rounds"], monitored_key)
+    run = result["rounds"][index].get(monitored_key) or {}
+    if run.get("report_table"):
+        print(f"\n{monitored_key} cold epoch through {result.get('workers', '')} DataLoader "
+              f"workers (round {index + 1}), EpochMonitor report:")
+        print("  " + run["report_table"].replace("\n", "\n  "))
 
-        rounds = [one_round(paths, setup, step) for _ in range(setup.args.rounds)]
-    return {"shards": [str(p) for p in paths], "bytes": nbytes, "index": index,
-            "rounds": rounds, "median": summarize(rounds)}
+
+def check_targets(results: Dict[str, Dict[str, object]]) -> Dict[str, object]:
+    verdicts: Dict[str, object] = {}
+    for profile, key, floor, label in TARGETS:
+        value = results.get(profile, {}).get("median", {}).get(key)
+        if value is not None:
+            verdicts[f"{profile}: {label}"] = {"value": value, "target": floor,
+                                               "met": value >= floor}
+    for profile, result in results.items():
+        shares = [f["residency"] for f in result["median"].values()
+                  if isinstance(f, dict) and f.get("residency") is not None]
+        if shares:
+            worst = max(shares)
+            verdicts[f"{profile}: page cache after cold flashstream epochs"] = {
+                "value": worst, "target": f"< {MAX_RESIDENCY}", "met": worst < MAX_RESIDENCY}
+    if verdicts:
+        print("\ntargets (medians over rounds of ratios within a round):")
+        _bench.print_verdicts(verdicts)
+    return verdicts
+
+
+# -- command line -------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, help="directory of existing shards (*.tar, *.tgz, ...)")
+    p.add_argument("--workdir", type=Path, default=Path("bench-data"),
+                   help="where generated shards go (on the drive under test)")
+    p.add_argument("--profiles", default=f"100KB,8KB,{JPEG}",
+                   help=f"generated data sets, from {', '.join([*PROFILES, JPEG])}")
+    p.add_argument("--size", default=None,
+                   help="bytes of each generated 100KB/8KB data set (default: 1GiB for 100KB "
+                        "samples, 384MiB for 8KB)")
+    p.add_argument("--jpeg-size", default=None, help="bytes of the JPEG data set (64MiB)")
+    p.add_argument("--rounds", type=int, default=3, help="measurement rounds (median reported)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
+    p.add_argument("--batch-size", type=int, default=256,
+                   help="samples per batch of the loaders (default 256)")
+    p.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep DataLoader workers from epoch to epoch, started before the "
+                        "first round (default: on); off: every epoch starts its own")
+    p.add_argument("--engine", default=None, help="auto, uring, threads or python")
+    p.add_argument("--chunk-size", default=None, help="read request size, e.g. 4MiB")
+    p.add_argument("--queue-depth", type=int, default=None, help="reads in flight")
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the drive with the device probe (cached per device) and "
+                        "compare every loader with it (default: on)")
+    p.add_argument("--probe-size", default="1GiB", help="the probe's temporary file size")
+    p.add_argument("--no-webdataset", action="store_true", help="leave out webdataset's loaders")
+    p.add_argument("--no-fio", action="store_true")
+    p.add_argument("--json", type=Path, default=Path("bench-results/epoch.json"))
+    p.add_argument("--plot", type=Path, default=None,
+                   help="PNG of throughput over time, samples/s and latency (default: beside "
+                        "the JSON)")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.workers < 1 or args.batch_size < 1:
+        p.error("--workers and --batch-size must be at least 1 (the loaders under test run "
+                "through DataLoader workers)")
+    unknown = set(args.profiles.split(",")) - {*PROFILES, JPEG}
+    if unknown:
+        p.error(f"unknown profile(s) {sorted(unknown)}; choose from "
+                f"{', '.join([*PROFILES, JPEG])}")
+    args.plot = args.plot or args.json.with_suffix(".png")
+    return args
+
+
+def _has_jpeg(path: Path) -> bool:
+    try:
+        with tarfile.open(path) as tar:
+            member = tar.next()
+            while member is not None and not member.isfile():
+                member = tar.next()
+            return member is not None and member.name.lower().endswith((".jpg", ".jpeg"))
+    except (tarfile.TarError, OSError):
+        return False
+
+
+def data_sets(args) -> List[DataSet]:
+    fio = () if args.no_fio else ("fio",)
+    data_loaders = _loaders.DATA_LOADERS if not args.no_webdataset else ("inprocess", "tensors")
+    decode = (_loaders.DECODE_LOADERS if not args.no_webdataset
+              else _loaders.DECODE_LOADERS[:1])
+    if args.data is not None:
+        paths = sorted(p for p in args.data.iterdir()
+                       if p.suffix in (".tar", ".tgz", ".gz", ".bz2", ".xz") and p.is_file())
+        if not paths:
+            raise SystemExit(f"no shards (*.tar, *.tgz, ...) in {args.data}")
+        loaders = (*fio, *data_loaders) + (decode if _has_jpeg(paths[0]) else ())
+        return [DataSet(args.data.name or "data", paths, loaders)]
+    out = []
+    for name in args.profiles.split(","):
+        with tqdm(desc=f"writing {name} shards", unit="shard", leave=False, disable=None) as bar:
+            if name == JPEG:
+                total = parse_size(args.jpeg_size, name="--jpeg-size") if args.jpeg_size \
+                    else JPEG_SIZES[0]
+                paths = _bench.write_jpeg_shards(
+                    args.workdir / f"jpeg-{total}", total_bytes=total,
+                    shard_bytes=min(JPEG_SIZES[1], max(total // 4, 1 << 20)), progress=bar)
+                out.append(DataSet(name, paths, decode))
+                continue
+            sample_size, default_total, shard_bytes = PROFILES[name]
+            total = parse_size(args.size, name="--size") if args.size else default_total
+            paths = _bench.write_synthetic_shards(
+                args.workdir / f"samples-{name}-{total}", sample_size=sample_size,
+                total_bytes=total, shard_bytes=min(shard_bytes, max(total // 4, 1 << 20)),
+                progress=bar)
+            out.append(DataSet(name, paths, (*fio, *data_loaders)))
+    return out
+
+
+def check_tools(args, info: Dict[str, object]) -> None:
+    """Leave out the baselines whose tools are missing, saying so."""
+    if info["fio"] is None and not args.no_fio:
+        print("fio is not installed: no drive baseline (apt-get install -y fio)", file=sys.stderr)
+        args.no_fio = True
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    sets = datasets(args)
-    data_dir = next(iter(sets.values()))[0].parent
+    sets = data_sets(args)
+    data_dir = sets[0].paths[0].parent
     info = _bench.environment(data_dir)
     _bench.print_header(info)
     check_tools(args, info)
-    loader = {"workers": args.workers, "batch_size": args.batch_size, "epochs": args.epochs,
-              "rounds": args.rounds,
-              "collate": args.collate if args.workers or args.batch_size else None}
+    sets = [dataclasses.replace(d, loaders=tuple(x for x in d.loaders
+                                                 if x != "fio" or not args.no_fio))
+            for d in sets]
+    loader = {"workers": args.workers, "batch_size": args.batch_size, "rounds": args.rounds,
+              "persistent_workers": args.persistent_workers}
     print("loader: " + ", ".join(f"{k}={v}" for k, v in loader.items()))
     probe = _bench.run_probe(data_dir, args.probe_size) if args.probe else None
     if probe is not None:
         print(_bench.format_probe(probe))
     setup = Setup(args, probe, info.get("device_name"))
     results: Dict[str, Dict[str, object]] = {}
-    for name, paths in sets.items():
-        results[name] = run_profile(paths, setup, name)
-        report(name, results[name])
-    verdicts = check_targets(results, args)
+    for data in sets:
+        results[data.name] = run_data_set(data, setup)
+        results[data.name]["workers"] = args.workers
+        report(data.name, results[data.name])
+    verdicts = check_targets(results)
     settings = flashstream.settings.resolve(engine=args.engine, chunk_size=args.chunk_size,
                                             queue_depth=args.queue_depth)
     payload = {"environment": info, "settings": vars(settings), "loader": loader,

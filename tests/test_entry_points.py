@@ -42,49 +42,42 @@ def test_example_serve_index(tmp_path):
 def test_epoch_benchmark_generates_data_and_writes_json(tmp_path, monkeypatch):
     pytest.importorskip("webdataset")
     pytest.importorskip("matplotlib")
+    pytest.importorskip("PIL")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the probe's cache
     out_json = tmp_path / "epoch.json"
-    out = run(ROOT / "benchmarks" / "epoch.py", "--size", "3MiB", "--rounds", "1",
-              "--workers", "1", "--batch-size", "8", "--epochs", "2", "--probe-size", "16MiB",
+    out = run(ROOT / "benchmarks" / "epoch.py", "--size", "3MiB", "--jpeg-size", "1MiB",
+              "--rounds", "2", "--workers", "1", "--batch-size", "8", "--probe-size", "16MiB",
               "--workdir", tmp_path / "data", "--json", out_json)
-    assert "cold shardstream" in out and "EpochMonitor report" in out
+    assert "tensors" in out and "EpochMonitor report" in out and "targets" in out
     result = json.loads(out_json.read_text())
-    assert result["loader"] == {"workers": 1, "batch_size": 8, "epochs": 2, "rounds": 1,
-                                "collate": "count"}
+    assert result["loader"] == {"workers": 1, "batch_size": 8, "rounds": 2,
+                                "persistent_workers": True}
     assert result["probe"]["best_read_gbps"] > 0
     for profile in ("100KB", "8KB"):
         median = result["results"][profile]["median"]
-        assert median["cold_shardstream"]["samples"] > 0
-        assert median["warm_webdataset"]["samples"] == median["warm_shardstream"]["samples"]
-        assert median["cold_webdataset"]["samples"] == median["cold_shardstream"]["samples"]
-        assert 0.0 <= median["cache_residency_after_shardstream"] <= 1.0
-        assert median["cold_shardstream"]["gbps_vs_probe"] > 0
-        assert len(median["cold_shardstream"]["epoch_seconds"]) == 2
-        cold = result["results"][profile]["rounds"][0]["cold_shardstream"]["epochs"]
-        assert len(cold) == 2
-        report = cold[0]["report"]
-        assert report["samples"] == median["cold_shardstream"]["samples"]
-        assert report["workers"] == 1 and report["request_latency_us"]["count"] > 0
-        assert report["probe"]["best_read_gbps"] == result["probe"]["best_read_gbps"]
-        assert cold[0]["latency_cdf"]["fraction"][-1] == pytest.approx(1.0)
-        assert isinstance(cold[0]["disk_timeline"], list)
-        wds_cold = result["results"][profile]["rounds"][0]["cold_webdataset"]["epochs"]
-        assert len(wds_cold) == 2 and isinstance(wds_cold[0]["disk_timeline"], list)
-    png = tmp_path / "epoch.png"  # beside the JSON by default
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        samples = median["inprocess"]["samples"]
+        assert samples > 0
+        assert median["tensors"]["samples"] == median["webdataset"]["samples"] == samples
+        assert median["tensors_vs_webdataset"] > 0 and 0.0 <= median["tensors"]["residency"] <= 1
+    jpeg = result["results"]["jpeg"]["median"]
+    assert jpeg["decode_flashstream"]["samples"] == jpeg["decode_webdataset"]["samples"] > 0
+    assert (tmp_path / "epoch.png").stat().st_size > 0
+    assert any("page cache" in label for label in result["targets"])
 
 
 def test_epoch_benchmark_on_existing_data(tmp_path):
     write_tar(tmp_path / "a.tar", make_samples(20, sizes=[5000]))
     out = run(ROOT / "benchmarks" / "epoch.py", "--data", tmp_path, "--rounds", "1",
-              "--no-probe", "--no-webdataset", "--no-fio", "--json", tmp_path / "o.json",
+              "--no-probe", "--no-webdataset", "--no-fio", "--no-persistent-workers",
+              "--workers", "1", "--batch-size", "6", "--json", tmp_path / "o.json",
               "--plot", tmp_path / "plots" / "o.png")
-    assert "cold shardstream" in out and "probe of" not in out
+    assert "tensors" in out and "probe of" not in out
     result = json.loads((tmp_path / "o.json").read_text())
-    assert result["probe"] is None and result["loader"]["workers"] == 0
+    assert result["probe"] is None and result["loader"]["persistent_workers"] is False
     median = result["results"][tmp_path.name]["median"]
-    assert median["cold_shardstream"]["samples"] == 20
-    assert "gbps_vs_probe" not in median["cold_shardstream"]
+    assert median["inprocess"]["samples"] == median["tensors"]["samples"] == 20
+    assert median["tensors"]["batches"] == 4  # 20 samples in batches of 6
+    assert "gbps_vs_probe" not in median["inprocess"] and "webdataset" not in median
     if "plot:" in out:  # matplotlib installed
         assert (tmp_path / "plots" / "o.png").stat().st_size > 0
 

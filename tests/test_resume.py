@@ -306,20 +306,22 @@ def test_real_gloo_ranks_resume(shards, tmp_path):
     assert equal == [N // world] * world
 
 
-def test_docs_examples_run(tmp_path, monkeypatch):
-    """The blocks of docs/shardstream.md marked ``<!-- test: run -->``, in order, on the data
-    the page describes."""
+@pytest.mark.parametrize("page", ["shardstream.md", "pipeline.md", "tensors.md",
+                                  "migrating.md"])
+def test_docs_examples_run(tmp_path, monkeypatch, page):
+    """The blocks of a docs page marked ``<!-- test: run -->``, in order, on the data the
+    pages describe."""
     spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples" / "train.py")
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     train.write_shards(tmp_path / "data")
     monkeypatch.chdir(tmp_path)
-    text = (ROOT / "docs" / "shardstream.md").read_text()
+    text = (ROOT / "docs" / page).read_text()
     blocks = re.findall(r"<!-- test: run -->\n( *)```python\n(.*?)\n *```", text, re.S)
-    assert len(blocks) >= 5
+    assert len(blocks) >= (5 if page == "shardstream.md" else 1)
     namespace: dict = {}
     for _indent, code in blocks:
-        exec(compile(textwrap.dedent(code), "docs/shardstream.md", "exec"), namespace)
+        exec(compile(textwrap.dedent(code), f"docs/{page}", "exec"), namespace)
 
 
 def test_example_train_resumes(tmp_path):
