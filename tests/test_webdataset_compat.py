@@ -250,3 +250,28 @@ def test_web_loader_resumed_after_a_finished_epoch_moves_on(image_shards):
     following = [flat(x) for x in resumed]
     assert resumed.dataset.epoch == 1 and following != epoch0
     assert following == [flat(x) for x in _epoch(image_shards, 1, workers=1)]
+
+
+def test_a_shuffled_epoch_repeated_without_set_epoch_warns_once(image_shards, monkeypatch):
+    import warnings
+
+    import flashstream.stream.dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "_REPEAT_WARNED", False)
+    stream = fs.ShardStream(image_shards, shuffle=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(stream)
+        stream.set_epoch(1)
+        list(stream)
+        assert not caught  # each epoch set: no warning
+        list(stream)
+        list(stream)
+    assert len([w for w in caught if "set_epoch" in str(w.message)]) == 1
+    monkeypatch.setattr(dataset_module, "_REPEAT_WARNED", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = fs.ShardStream(image_shards)  # no shuffling: the same order is expected
+        list(plain)
+        list(plain)
+    assert not caught

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 import uuid
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -46,6 +47,8 @@ DEFAULT_SHUFFLE_BUFFER = 1000
 
 #: Resampled shards are read this many draws per reader (the draws are endless).
 RESAMPLED_WINDOW = 64
+
+_REPEAT_WARNED = False  # the repeated-epoch warning is given once per process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +216,8 @@ class ShardStream(FluidInterface, IterableDataset):
         self._main_epoch = SharedNote()  # the epoch set in this process, for persistent workers
         self._loaded = SharedNote()  # {"token", "state"} loaded in this process, for workers
         self._claims = Claims()  # "<token>-<worker>": that worker resumed that loaded state
+        self._passes_note = SharedNote()  # "<epoch> <pass>": the last pass started (see below)
+        self._passes = 0  # passes started in this process
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state not yet resumed
         self._pending_token = ""  # names a state loaded in the main process (see _loaded)
         self._active: Optional[Union[ShardPass, SamplePass]] = None
@@ -264,6 +269,29 @@ class ShardStream(FluidInterface, IterableDataset):
         self.epoch = epoch
         if get_worker_info() is None:
             self._main_epoch.write(str(epoch))  # for workers already started (persistent)
+
+    def _note_pass(self, info: Any, *, resumed: bool) -> None:
+        """Warn (once per process) when a shuffled epoch starts over without ``set_epoch``:
+        its order would repeat (webdataset's random shuffles differ every epoch)."""
+        self._passes += 1
+        config = self.config
+        if not (config.shard_shuffle or config.shuffle_buffer > 1 or config.resampled):
+            return
+        # A pass is known by the DataLoader iteration that runs it (the workers of one
+        # iteration share its base seed) and by how many passes this process started.
+        base = info.seed - info.id if info is not None else "main"
+        this = f"{base}:{self._passes}"
+        last = self._passes_note.read().split()
+        self._passes_note.write(f"{self.epoch} {this}")
+        if resumed or len(last) != 2 or last[0] != str(self.epoch) or last[1] == this:
+            return
+        global _REPEAT_WARNED
+        if not _REPEAT_WARNED:
+            _REPEAT_WARNED = True
+            warnings.warn(f"flashstream: epoch {self.epoch} of a shuffled stream starts again "
+                          f"without set_epoch(), so it repeats the last pass's order; call "
+                          f"set_epoch(epoch) before each epoch (flashstream.WebLoader does it "
+                          f"for you)", stacklevel=4)
 
     def _drop_pending(self) -> None:
         if self._pending_token and get_worker_info() is None:
@@ -373,6 +401,7 @@ class ShardStream(FluidInterface, IterableDataset):
             self._marks.mark(self.epoch)
         resume = self._take_pending(info)
         self.resumed = resume
+        self._note_pass(info, resumed=resume is not None)
         if resume is not None and self.index is None and resume.get("num_workers"):
             entry = resume["workers"].get(str(world.worker)) or {}
             repeat = int(entry.get("repeat", repeat))  # a pipeline's repetition of the epoch
@@ -434,7 +463,8 @@ class ShardStream(FluidInterface, IterableDataset):
         new = copy.copy(self)
         new.config = dataclasses.replace(self.config, **changes)
         new.board, new._marks = StatsBoard(), WorkerMarks()
-        new._loaded, new._claims = SharedNote(), Claims()
+        new._loaded, new._claims, new._passes_note = SharedNote(), Claims(), SharedNote()
+        new._passes = 0
         new._pending, new._pending_token, new._active = None, "", None
         new._plans = {}
         new.last_stats = None
