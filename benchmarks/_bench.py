@@ -68,17 +68,11 @@ def write_synthetic_shards(directory: Path, *, sample_size: int, total_bytes: in
     """Shards of samples ``{key}.cls`` + ``{key}.bin`` (random bytes of ``sample_size``).
 
     Reuses the shards when a manifest says they were written with the same parameters."""
-    directory.mkdir(parents=True, exist_ok=True)
-    manifest = directory / "manifest.json"
     wanted = {"sample_size": sample_size, "total_bytes": total_bytes, "shard_bytes": shard_bytes,
               "seed": seed, "format": 1}
-    if manifest.exists():
-        try:
-            done = json.loads(manifest.read_text())
-            if done["params"] == wanted and all((directory / n).exists() for n in done["shards"]):
-                return [directory / n for n in done["shards"]]
-        except (ValueError, KeyError):
-            pass
+    made = _made_before(directory, wanted)
+    if made is not None:
+        return made
     rng = np.random.default_rng(seed)
     pool = rng.bytes(16 << 20)  # slices of a random pool: incompressible, fast to make
     per_shard = max(1, shard_bytes // (sample_size + 1536))
@@ -97,8 +91,23 @@ def write_synthetic_shards(directory: Path, *, sample_size: int, total_bytes: in
         names.append(name)
         if progress is not None:
             progress.update(1)
-    manifest.write_text(json.dumps({"params": wanted, "shards": names}))
+    (directory / "manifest.json").write_text(json.dumps({"params": wanted, "shards": names}))
     return [directory / n for n in names]
+
+
+def _made_before(directory: Path, wanted: Dict[str, object]) -> Optional[List[Path]]:
+    """The shards in ``directory`` if its manifest says they were written with ``wanted``
+    (and they are all there); the directory is created otherwise."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = directory / "manifest.json"
+    if manifest.exists():
+        try:
+            done = json.loads(manifest.read_text())
+            if done["params"] == wanted and all((directory / n).exists() for n in done["shards"]):
+                return [directory / n for n in done["shards"]]
+        except (ValueError, KeyError):
+            pass
+    return None
 
 
 def write_jpeg_shards(directory: Path, *, total_bytes: int, shard_bytes: int, side: int = 96,
@@ -107,17 +116,11 @@ def write_jpeg_shards(directory: Path, *, total_bytes: int, shard_bytes: int, si
     photos compress) and a label (``{key}.cls``); reused when a manifest matches."""
     from PIL import Image
 
-    directory.mkdir(parents=True, exist_ok=True)
-    manifest = directory / "manifest.json"
     wanted = {"kind": "jpeg", "side": side, "total_bytes": total_bytes,
               "shard_bytes": shard_bytes, "seed": seed, "format": 1}
-    if manifest.exists():
-        try:
-            done = json.loads(manifest.read_text())
-            if done["params"] == wanted and all((directory / n).exists() for n in done["shards"]):
-                return [directory / n for n in done["shards"]]
-        except (ValueError, KeyError):
-            pass
+    made = _made_before(directory, wanted)
+    if made is not None:
+        return made
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
 
@@ -143,7 +146,7 @@ def write_jpeg_shards(directory: Path, *, total_bytes: int, shard_bytes: int, si
                 index += 1
         if progress is not None:
             progress.update(1)
-    manifest.write_text(json.dumps({"params": wanted, "shards": names}))
+    (directory / "manifest.json").write_text(json.dumps({"params": wanted, "shards": names}))
     return [directory / n for n in names]
 
 
