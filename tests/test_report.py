@@ -86,3 +86,23 @@ def test_a_forked_child_does_not_remove_the_board(shards):
     os.waitpid(pid, 0)
     assert os.path.exists(stream.board.path)
     assert sum(1 for _ in stream) == 160 and stream.stats()["samples"] == 160
+
+
+def test_an_interrupted_pass_does_not_leak_into_the_next_report(tmp_path):
+    """Persistent workers close a pass left unfinished only when the next epoch starts, after
+    the monitor reset the counters: its reads must not count in the new epoch."""
+    from shardgen import write_shards
+    from torch.utils.data import DataLoader
+
+    import flashstream
+
+    urls = [str(p) for p in write_shards(tmp_path / "d", 4, 30, sizes=[2000])]
+    dataset = flashstream.ShardStream(urls).tensors(8)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)  # the workers read ahead, then stop mid-epoch
+    del it
+    monitor = flashstream.EpochMonitor(dataset)
+    total = sum(len(batch["__key__"]) for batch in monitor.track(loader))
+    report = monitor.report()
+    assert total == 120 and report.samples == 120

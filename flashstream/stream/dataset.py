@@ -111,12 +111,13 @@ def _snapshot_steps(obj: Any) -> int:
     return max((n for n in steps if isinstance(n, int) and not isinstance(n, bool)), default=0)
 
 
-def _record(board: StatsBoard, slot: int, stats: ReadStats) -> None:
-    """When a pass ends (here or in a DataLoader worker), add it to the shared board. Not while
-    the interpreter shuts down (a pass left unfinished is closed then, with builtins gone)."""
+def _record(board: StatsBoard, slot: int, generation: int, stats: ReadStats) -> None:
+    """When a pass ends (here or in a DataLoader worker), add it to the shared board, if no
+    ``reset_stats()`` came since it started. Not while the interpreter shuts down (a pass left
+    unfinished is closed then, with builtins gone)."""
     if sys.is_finalizing():
         return
-    board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts)
+    board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts, generation)
 
 
 class ShardStream(FluidInterface, IterableDataset):
@@ -407,7 +408,8 @@ class ShardStream(FluidInterface, IterableDataset):
             repeat = int(entry.get("repeat", repeat))  # a pipeline's repetition of the epoch
         self.last_stats = ReadStats()
         # The board, not the stream: a pass kept by the stream must not keep the stream alive.
-        on_end = functools.partial(_record, self.board, info.id if info else 0)
+        on_end = functools.partial(_record, self.board, info.id if info else 0,
+                                   self.board.generation())
         ctx = PassContext(self.urls, self.io_settings, self.handler, self.last_stats, on_end,
                           config.shuffle_buffer, config.seed, self.epoch, world.rank,
                           world.worker, world.num_workers, config.lanes, config.batch_size,
@@ -498,8 +500,9 @@ class ShardStream(FluidInterface, IterableDataset):
         return Pipeline(self, tensors=TensorSpec(batch_size, partial))
 
     def stats(self) -> Dict[str, object]:
-        """Counters and the merged request-latency histogram of the passes since the last
-        ``reset_stats()``, summed over this process and its DataLoader workers."""
+        """Counters and the merged request-latency histogram of the passes started since the
+        last ``reset_stats()`` and ended, summed over this process and its DataLoader
+        workers."""
         return self.board.totals()
 
     def reset_stats(self) -> None:

@@ -2,7 +2,10 @@
 
 Each worker process has one slot in a small file-backed shared mapping (``/dev/shm`` where it
 exists): when a pass ends, the worker adds its counters and its request-latency histogram to its
-slot; the main process sums the slots for the epoch report. The file is made by the process
+slot; the main process sums the slots for the epoch report. ``reset()`` starts a new
+generation, and a pass adds its figures only if it started in the current one: a pass that
+began before the reset (one left unfinished, which persistent DataLoader workers close only
+when the next epoch starts) does not leak into the next report. The file is made by the process
 that creates the stream and removed when that object is collected; workers (forked or spawned)
 open it by path. No pickling of stats, no extra queues.
 """
@@ -35,6 +38,9 @@ def _slot_layout():
     return buckets, (len(COUNTERS) + buckets) * 8
 
 
+_ROWS = MAX_SLOTS + 1  # the slots, then one row whose first word is the generation
+
+
 class StatsBoard:
     """Per-worker slots of counters and latency histograms in one shared file."""
 
@@ -44,7 +50,7 @@ class StatsBoard:
         if path is None:
             directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
             fd, path = tempfile.mkstemp(prefix="flashstream-stats-", dir=directory)
-            os.ftruncate(fd, self._slot_bytes * MAX_SLOTS)
+            os.ftruncate(fd, self._slot_bytes * _ROWS)
             os.close(fd)
             # Only the creating process removes the file: a forked child inherits this
             # finalizer and must not delete the board its parent still uses.
@@ -63,13 +69,22 @@ class StatsBoard:
     def _array(self) -> np.ndarray:
         if self._map is None or self._pid != os.getpid():  # fresh mapping after a fork
             with open(self.path, "r+b") as f:
-                self._map = mmap.mmap(f.fileno(), self._slot_bytes * MAX_SLOTS)
+                self._map = mmap.mmap(f.fileno(), self._slot_bytes * _ROWS)
             self._pid = os.getpid()
-        return np.frombuffer(self._map, dtype=np.int64).reshape(MAX_SLOTS, -1)
+        return np.frombuffer(self._map, dtype=np.int64).reshape(_ROWS, -1)
 
-    def add(self, slot: int, counters: Dict[str, int], latency_counts) -> None:
-        """Add one pass's counters and latency counts into ``slot``."""
-        row = self._array()[slot % MAX_SLOTS]
+    def generation(self) -> int:
+        """The current generation: give it to ``add`` for a pass starting now."""
+        return int(self._array()[MAX_SLOTS, 0])
+
+    def add(self, slot: int, counters: Dict[str, int], latency_counts,
+            generation: Optional[int] = None) -> None:
+        """Add one pass's counters and latency counts into ``slot``, unless the pass started
+        in an earlier ``generation`` than the current one."""
+        table = self._array()
+        if generation is not None and generation != int(table[MAX_SLOTS, 0]):
+            return
+        row = table[slot % MAX_SLOTS]
         n = len(COUNTERS)
         with self._lock:
             for i, name in enumerate(COUNTERS):
@@ -84,11 +99,13 @@ class StatsBoard:
                 row[n:] += np.asarray(latency_counts, dtype=np.uint64).astype(np.int64)
 
     def reset(self) -> None:
-        self._array()[:] = 0
+        table = self._array()
+        table[:MAX_SLOTS] = 0
+        table[MAX_SLOTS, 0] += 1
 
     def totals(self) -> Dict[str, object]:
         """Counters summed over slots, plus the merged ``latency`` histogram."""
-        table = self._array()
+        table = self._array()[:MAX_SLOTS]
         n = len(COUNTERS)
         used = table[table[:, 0] > 0]
         out: Dict[str, object] = {name: int(used[:, i].sum()) for i, name in enumerate(COUNTERS)}
