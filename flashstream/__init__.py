@@ -1,7 +1,10 @@
 """flashstream: PyTorch I/O for dense NVMe flash.
 
 ``ShardStream`` streams WebDataset tar shards with aligned O_DIRECT reads kept in flight by a
-C++ engine (io_uring, or a pread thread pool), and yields exactly webdataset's samples.
+C++ engine (io_uring, or a pread thread pool), and yields exactly webdataset's samples; its
+webdataset-style methods (``.decode().to_tuple().batched()``) return a resumable ``Pipeline``,
+and ``.tensors(B)`` packs batches straight into shared memory. ``WebDataset``, ``WebLoader``
+and ``DataPipeline`` are one-name swaps for webdataset's.
 ``CheckpointWriter`` snapshots training state and writes it in the background, paced and
 crash-safe; ``load_checkpoint`` reads it back verified. ``IndexReader`` serves a FAISS index
 memory-mapped from the drive and records every search's latency.
