@@ -339,8 +339,11 @@ def plan_read_arrays(shards: np.ndarray, offsets: np.ndarray, ends: np.ndarray,
     count = len(shards)
     if count == 0:
         return [], []
-    kinds = {int(shard): compressed(int(shard)) for shard in np.unique(shards)}
-    packed = np.fromiter((kinds[int(shard)] for shard in shards), dtype=bool, count=count)
+    # One compression lookup per shard, not per sample: this runs before an epoch's first read.
+    unique = np.unique(shards)
+    kinds = np.fromiter((compressed(int(shard)) for shard in unique), dtype=bool,
+                        count=len(unique))
+    packed = kinds[np.searchsorted(unique, shards)]
     joins = ((shards[1:] == shards[:-1]) & (offsets[1:] >= ends[:-1])
              & (packed[1:] | (offsets[1:] - ends[:-1] <= READ_THROUGH)))
     starts = np.flatnonzero(np.concatenate(([True], ~joins)))
