@@ -119,7 +119,6 @@ class Lease:
 
     def __init__(self, array: np.ndarray, header: np.ndarray, generation: int) -> None:
         self.array = array
-        self.generation = generation
         self._may_release = [True]  # shared with the finalizer
         weakref.finalize(array, _release_unless, header, generation, self._may_release)
 

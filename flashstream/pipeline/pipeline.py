@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from torch.utils.data import IterableDataset
 
+from ..stream.state import own_entry
 from .fluid import FluidInterface
 from .run import Compiled, Run, compile_stages
 from .stages import Batch, Each, Opaque, Stage, Unbatch
@@ -298,15 +299,13 @@ def _resumed_entry(stream: Any) -> Optional[Dict[str, Any]]:
     state = stream.resumed
     if not state or not state.get("num_workers"):
         return None
-    workers = state["workers"]
     world = stream._world()
-    entry = workers.get(str(world.worker))
-    own = (len(workers) == 1 and entry is not None
-           and (state["num_workers"], state["batch_size"])
-           == (world.num_workers, stream.config.batch_size))
-    if own or stream.plan == "shards":
+    if stream.plan == "shards":  # always the worker's own (shard_entry checked it)
+        return state["workers"].get(str(world.worker))
+    entry = own_entry(state, world.worker, world.num_workers, stream.config.batch_size)
+    if entry is not None:
         return entry
-    if any(int(e.get("skip", 0)) for e in workers.values()):
+    if any(int(e.get("skip", 0)) for e in state["workers"].values()):
         raise ValueError("this state was saved while a worker was partway through an "
                          "unbatched() batch, so it can only be resumed by the same worker: "
                          "resume through StatefulDataLoader.load_state_dict with the same "

@@ -33,7 +33,6 @@ _END = object()
 class Compiled:
     """A pipeline's stages as the runner uses them."""
 
-    stages: Tuple[Stage, ...]
     block: Optional[Batch]  # batched by block: the first Batch, consumed at the source
     before: Tuple[Each, ...]  # the per-item stages that run on each block before it
     after: Tuple[Stage, ...]  # everything else, in order
@@ -61,7 +60,7 @@ def compile_stages(stages: Tuple[Stage, ...], *, by_block: bool) -> Compiled:
             if not isinstance(stage, Each):
                 break
     holds = any(isinstance(s, Unbatch) for s in stages)
-    return Compiled(stages, block, before, after, holds)
+    return Compiled(block, before, after, holds)
 
 
 class _Drained:

@@ -403,9 +403,10 @@ class ShardStream(FluidInterface, IterableDataset):
         resume = self._take_pending(info)
         self.resumed = resume
         self._note_pass(info, resumed=resume is not None)
-        if resume is not None and self.index is None and resume.get("num_workers"):
-            entry = resume["workers"].get(str(world.worker)) or {}
-            repeat = int(entry.get("repeat", repeat))  # a pipeline's repetition of the epoch
+        entry = None  # shard plan: this worker's entry of the resumed state
+        if resume is not None and self.index is None:
+            entry = shard_entry(resume, world.worker, world.num_workers)
+            repeat = int((entry or {}).get("repeat", repeat))  # a pipeline's repetition
         self.last_stats = ReadStats()
         # The board, not the stream: a pass kept by the stream must not keep the stream alive.
         on_end = functools.partial(_record, self.board, info.id if info else 0,
@@ -420,7 +421,6 @@ class ShardStream(FluidInterface, IterableDataset):
             job = current_world(self._job)
             draws = ShardDraws(len(self.urls), sys.maxsize, config.seed, ctx.order, job.rank,
                                job.worker, job.num_workers)
-            entry = shard_entry(resume, world.worker, world.num_workers) if resume else None
             self._active = ShardPass(ctx, draws, entry, window=RESAMPLED_WINDOW)
         elif self.index is None:
             if config.split_by_rank and world.world_size > len(self.urls):
@@ -430,9 +430,7 @@ class ShardStream(FluidInterface, IterableDataset):
                     f"equal_ranks=True (splits shards by sample ranges using an index)")
             order = shard_order(len(self.urls), shuffle=config.shard_shuffle, seed=config.seed,
                                 epoch=ctx.order)
-            shards = world.split(order)
-            entry = shard_entry(resume, world.worker, world.num_workers) if resume else None
-            self._active = ShardPass(ctx, shards, entry)
+            self._active = ShardPass(ctx, world.split(order), entry)
         else:
             plans = functools.partial(self._rank_plan, world)
             total = plans(0).length if length is None else length

@@ -212,7 +212,6 @@ class WorkerReads:
     index of the position the i-th sample read is for; ``owners[k]``: piece ``k``'s shard;
     ``groups[k]``: its repetition)."""
 
-    positions: np.ndarray
     repeats: np.ndarray
     shards: np.ndarray
     offsets: np.ndarray
@@ -258,9 +257,9 @@ def plan_worker_reads(ctx: PassContext, index: Sequence[ShardIndex],
         parts.append((shards, offsets, ends, at[read]))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
-        return WorkerReads(mine, repeats, empty, empty, empty, empty, [], [], [])
+        return WorkerReads(repeats, empty, empty, empty, empty, [], [], [])
     shards, offsets, ends, read = (np.concatenate(column) for column in zip(*parts))
-    return WorkerReads(mine, repeats, shards, offsets, ends, read, pieces, owners, groups)
+    return WorkerReads(repeats, shards, offsets, ends, read, pieces, owners, groups)
 
 
 def _refs(index: Sequence[ShardIndex], plan: RankPlan, inputs: np.ndarray

@@ -30,7 +30,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tup
 from .plan import positions
 
 __all__ = ["FORMAT", "Delivered", "Identity", "check_state", "delivered", "find_states",
-           "finished", "merge_states", "nested_dicts", "new_state", "shard_digest",
+           "finished", "merge_states", "nested_dicts", "new_state", "own_entry", "shard_digest",
            "shard_entry", "worker_cursor"]
 
 FORMAT = "flashstream.ShardStream"
@@ -195,6 +195,16 @@ def delivered(state: Dict[str, Any], length: int) -> Delivered:
     return Delivered(below, frozenset(extra))
 
 
+def own_entry(state: Dict[str, Any], worker: int, workers: int, block: int
+              ) -> Optional[Dict[str, Any]]:
+    """``worker``'s entry when ``state`` is that worker's own (one entry, saved with this many
+    workers and this block size, as StatefulDataLoader hands it back): it continues from
+    there. None for any other state (merged from several workers)."""
+    entry = state["workers"].get(str(worker))
+    same_layout = (state["num_workers"], state["batch_size"]) == (workers, block)
+    return entry if same_layout and len(state["workers"]) == 1 else None
+
+
 def worker_cursor(state: Dict[str, Any], worker: int, workers: int, block: int,
                   length: int) -> Tuple[Delivered, int]:
     """Sample plan: (positions delivered before, first position to consider) for ``worker``.
@@ -203,9 +213,8 @@ def worker_cursor(state: Dict[str, Any], worker: int, workers: int, block: int,
     which also resumes its round-robin at the right worker) continues from its cursor. Any
     other state (merged from several workers) is turned into the set of positions delivered,
     and the rest is dealt again from worker 0, as a fresh DataLoader reads them."""
-    entry = state["workers"].get(str(worker))
-    same_layout = (state["num_workers"], state["batch_size"]) == (workers, block)
-    if entry is not None and same_layout and len(state["workers"]) == 1:
+    entry = own_entry(state, worker, workers, block)
+    if entry is not None:
         return Delivered(state["done_below"], frozenset(state["done_extra"])), int(entry["cursor"])
     done = delivered(state, length)
     return done, done.below
