@@ -242,3 +242,17 @@ def test_ragged_indexing():
         ragged["values"]
     values_back, offsets_back = ragged  # still a NamedTuple for torch's utilities
     assert values_back is values
+
+
+@pytest.mark.parametrize("shuffle", [False, 5])
+def test_tensor_batches_from_compressed_shards(tmp_path, shuffle):
+    urls = write_uneven(tmp_path / "gz", gzip=(0, 2))  # inflated from their start per run
+    blocks = list(fs.ShardStream(urls, shuffle=shuffle, chunk_size="4KiB")
+                  .batched(3, collation_fn=None))
+    batches = list(fs.ShardStream(urls, shuffle=shuffle, chunk_size="4KiB").tensors(3))
+    for batch, block in zip(batches, blocks):
+        by_key = {s["__key__"]: s for s in block}
+        assert sorted(batch["__key__"]) == sorted(by_key)
+        for i, k in enumerate(batch["__key__"]):
+            assert field_bytes(batch["bin"], i) == by_key[k]["bin"]
+    assert len(batches) == len(blocks) == 11

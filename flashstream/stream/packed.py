@@ -39,9 +39,11 @@ class _Batches:
     def __init__(self, reads: WorkerReads, ordinal: np.ndarray, count: int,
                  urls: Sequence[str]) -> None:
         self.urls = urls
-        self.want = [np.sort(np.fromiter(p.keep, dtype=np.int64, count=len(p.keep)))
-                     for p in reads.pieces]
-        self.first = np.concatenate(([0], np.cumsum([len(w) for w in self.want])))
+        # Piece k reads the samples read[first[k]:first[k + 1]], in ascending offsets (pieces
+        # join only samples that follow each other in the file): its wanted offsets, sorted.
+        self.first = np.concatenate(([0], np.cumsum([len(p.keep) for p in reads.pieces])))
+        in_read_order = reads.offsets[reads.read]
+        self.want = [in_read_order[a:b] for a, b in zip(self.first[:-1], self.first[1:])]
         self.batch_of_read = ordinal[reads.read]
         self.shard_of_read = reads.shards[reads.read]
         spans = np.bincount(ordinal, weights=(reads.ends - reads.offsets), minlength=count)
