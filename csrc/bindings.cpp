@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -514,8 +515,10 @@ class PyOutputFile {
 
   nb::dict write(nb::handle data, uint64_t offset, size_t chunk_size, unsigned queue_depth,
                  const std::string& engine, double rate, std::optional<nb::dict> adaptive,
-                 std::optional<std::vector<uint64_t>> crc_bounds, double interval) {
+                 std::optional<std::vector<uint64_t>> crc_bounds, double interval,
+                 std::shared_ptr<RateControl> control) {
     BulkOptions o;
+    o.control = std::move(control);
     o.chunk_size = chunk_size;
     o.queue_depth = queue_depth;
     o.engine = engine;
@@ -725,6 +728,24 @@ NB_MODULE(_core, m) {
       .def_prop_ro("margin", [](const AdaptiveRate& a) { return a.config().margin; })
       .def_prop_ro("min_rate", [](const AdaptiveRate& a) { return a.config().min_rate; });
 
+  nb::class_<RateControl>(m, "RateControl",
+                          "A write's pacing rate, set from another thread while it runs, and its "
+                          "progress (see csrc/io/pacing.hpp).")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "rate", [](const RateControl& c) { return c.rate.load(); },
+          [](RateControl& c, double r) {
+            if (!(r >= 0)) throw nb::value_error("rate must be >= 0 bytes/s (0: unpaced)");
+            c.rate.store(r);
+          },
+          "Bytes/s from now on; 0: unpaced.")
+      .def_prop_ro(
+          "done", [](const RateControl& c) { return c.done.load(); },
+          "Bytes the write has completed so far.")
+      .def(
+          "add_done", [](RateControl& c, uint64_t n) { c.done.fetch_add(n); }, nb::arg("bytes"),
+          "Counts completed bytes (for writers outside the C++ core).");
+
   nb::class_<Pacer>(m, "Pacer", "Fixed-rate schedule without an initial burst (rate 0: unpaced).")
       .def(nb::init<double>(), nb::arg("rate") = 0.0)
       .def("admit", &Pacer::admit, nb::arg("bytes"), nb::arg("now"),
@@ -739,8 +760,9 @@ NB_MODULE(_core, m) {
            nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
            nb::arg("rate") = 0.0, nb::arg("adaptive").none() = nb::none(),
            nb::arg("crc_bounds").none() = nb::none(), nb::arg("interval") = 0.05,
+           nb::arg("control").none() = nb::none(),
            "Write a contiguous buffer at `offset` (blocks, GIL released; the buffer must not "
-           "change meanwhile). Returns a dict (bytes, seconds, requests, counts, min_ns, max_ns, "
+           "change meanwhile); a RateControl `control` alone sets the pace. Returns a dict (bytes, seconds, requests, counts, min_ns, max_ns, "
            "sum_ns, paused, timeline, peak, sustained, final_rate, crcs, engine, direct).")
       .def("commit", &PyOutputFile::commit, nb::arg("size"),
            "Truncate to `size`, fdatasync, close; returns the seconds the sync took.")

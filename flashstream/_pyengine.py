@@ -367,7 +367,8 @@ class PythonOutputFile:
     def write(self, data: Any, offset: int = 0, *, chunk_size: int = 8 << 20,
               queue_depth: int = 8, rate: Optional[float] = 0.0,
               adaptive: Optional[Dict[str, float]] = None,
-              crc_bounds: Optional[Sequence[int]] = None, interval: float = 0.05) -> dict:
+              crc_bounds: Optional[Sequence[int]] = None, interval: float = 0.05,
+              control: Any = None) -> dict:
         rate = float(rate or 0.0)
         _check_common(chunk_size, queue_depth, interval, rate)
         view = memoryview(data).cast("B")
@@ -383,7 +384,8 @@ class PythonOutputFile:
         file = self._live("write")
         if file.direct:
             _check_aligned(view, offset, len(view), chunk_size)
-        run = _PacedWrite(file, view, offset, rate, controller, self._kernels.pacer, interval)
+        run = _PacedWrite(file, view, offset, rate, controller, self._kernels.pacer, interval,
+                          control)
         crcs = [0] * max(len(bounds) - 1, 0)
         with ThreadPoolExecutor(max_workers=queue_depth) as pool:
             for pos in range(0, len(view), chunk_size):
@@ -428,10 +430,13 @@ class _PacedWrite:
     """One write's requests in flight, pacing, windows, timeline and first error."""
 
     def __init__(self, file: _Direct, view: memoryview, offset: int, rate: float,
-                 controller: Any, pacer: Callable[[float], Any], interval: float) -> None:
+                 controller: Any, pacer: Callable[[float], Any], interval: float,
+                 control: Any = None) -> None:
         self.file, self.view, self.offset = file, view, offset
         self.ceiling, self.controller, self.interval = rate, controller, interval
-        self.pacer = pacer(self._rate()) if rate > 0 or controller is not None else None
+        self.control, self._make_pacer = control, pacer
+        paced = rate > 0 or controller is not None or control is not None
+        self.pacer = pacer(self._rate()) if paced else None
         self.pending: set = set()
         self.error: Optional[BaseException] = None
         self.latencies: List[int] = []
@@ -441,6 +446,8 @@ class _PacedWrite:
         self.next_mark, self.mark_bytes, self.window_bytes = interval, 0, 0
 
     def _rate(self) -> float:
+        if self.control is not None:  # another thread sets the pace (see RateControl)
+            return self.control.rate
         adaptive = self.controller.rate if self.controller else 0.0
         if adaptive <= 0:
             return self.ceiling
@@ -450,6 +457,8 @@ class _PacedWrite:
         """Waits for a free slot and the pacer; False once an error stops the write."""
         while self.error is None and len(self.pending) >= depth:
             self._collect(wait(self.pending, return_when=FIRST_COMPLETED)[0])
+        if self.control is not None and self.control.rate != self.pacer.rate:
+            self.pacer = self._make_pacer(self.control.rate)  # a fresh schedule: no burst
         if self.pacer is not None and self.error is None:
             now = time.perf_counter()
             delay = self.pacer.admit(length, now - self.start)
@@ -486,6 +495,8 @@ class _PacedWrite:
                 continue
             self.latencies.append(latency)
             self.total += got
+            if self.control is not None:
+                self.control.add_done(got)
             self.last = now
             while now - self.start >= self.next_mark:
                 self.timeline.append((self.next_mark, self.mark_bytes, self._rate()))

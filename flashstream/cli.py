@@ -49,8 +49,48 @@ def cmd_probe(args: argparse.Namespace) -> int:
               disable=args.json or not sys.stderr.isatty()) as bar:
         result = probe(args.path, config=config, engine_kind=args.engine, refresh=args.refresh,
                        progress=lambda step: bar.set_postfix_str(step))
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_table())
+    model = None
+    if args.sustained:
+        from .telemetry.write_model import learn_sustained
+
+        model = learn_sustained(args.path, args.sustained)
+    else:
+        from .telemetry.write_model import load_model
+
+        model = load_model(args.path)
+    if args.json:
+        out = result.to_dict()
+        out["write_model"] = {k: v for k, v in vars(model).items() if k != "path"}
+        print(json.dumps(out, indent=2))
+    else:
+        print(result.format_table())
+        print(model.describe())
     return 0
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    """Run a command on an emulated dense drive (see docs/emulation.md)."""
+    from .emulation import DriveEmulator
+
+    if not args.cmd:
+        raise ValueError("give the command to run after --, e.g. flashstream emulate -- "
+                         "python train.py")
+    command = args.cmd[1:] if args.cmd[0] == "--" else args.cmd
+    overrides = {k: getattr(args, k) for k in ("cache_size", "post_cache_rate", "drain_rate",
+                                               "fast_rate", "fold_read_rate")
+                 if getattr(args, k) is not None}
+    emulator = DriveEmulator(args.path, profile=args.profile, **overrides)
+    print(f"flashstream emulate: {args.profile} on {emulator.disk}: "
+          f"{emulator.settings.describe()}", file=sys.stderr)
+    with emulator:
+        status = emulator.run(command)
+    summary = emulator.summary()
+    print(f"flashstream emulate: {summary['seconds']:.1f} s, "
+          f"{summary['cliff_seconds']:.1f} s in the cliff, "
+          f"{summary['written_bytes'] / 1e9:.2f} GB written", file=sys.stderr)
+    if args.timeline:
+        emulator.save_timeline(args.timeline)
+    return status
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -142,12 +182,29 @@ def build_parser() -> argparse.ArgumentParser:
     prb.add_argument("path", nargs="?", default=".", help="a directory on the drive")
     prb.add_argument("--size", default="1GiB", help="temporary file size (default 1GiB)")
     prb.add_argument("--sustained", default=None,
-                     help="also write this much (e.g. 64GiB) and record GB/s over time")
+                     help="also learn the drive's write model: write this much (more than its "
+                     "write cache, e.g. 64GiB) into a new file, idle, write again")
     prb.add_argument("--seconds", type=float, default=2.0, help="time cap per measurement")
     prb.add_argument("--engine", choices=("auto", "uring", "threads"), default=None)
     prb.add_argument("--refresh", action="store_true", help="measure even if cached")
     prb.add_argument("--json", action="store_true")
     prb.set_defaults(func=cmd_probe)
+    emu = sub.add_parser("emulate", help="run a command on an emulated dense (SLC-cache) drive",
+                         description="Run COMMAND with the drive under --path behaving like a "
+                         "dense drive: writes slow to the post-cache rate once the emulated SLC "
+                         "cache is full, reads are held back while it folds. Needs root and a "
+                         "cgroup block-I/O controller.")
+    emu.add_argument("--profile", choices=("plc", "qlc"), default="plc")
+    emu.add_argument("--path", default=".", help="a directory on the drive to emulate on")
+    for name, text in (("cache-size", "SLC cache bytes (e.g. 1.2GiB)"),
+                       ("post-cache-rate", "write bytes/s once full (e.g. 300MB)"),
+                       ("drain-rate", "bytes/s folded out of the cache"),
+                       ("fast-rate", "write bytes/s before the cliff"),
+                       ("fold-read-rate", "read bytes/s in the cliff")):
+        emu.add_argument(f"--{name}", default=None, help=f"{text}; default: the profile's")
+    emu.add_argument("--timeline", default=None, help="write the cache timeline as JSON here")
+    emu.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    emu.set_defaults(func=cmd_emulate)
     scan = sub.add_parser("scan", help="read shards end to end; report samples, speed, errors")
     scan.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     scan.add_argument("--list", action="store_true", help="print each sample's key and fields")

@@ -24,6 +24,7 @@ __all__ = [
     "FormatError",
     "OutputFile",
     "Pacer",
+    "RateControl",
     "Scanner",
     "crc32c",
     "crc32c_hardware",
@@ -68,6 +69,9 @@ crc32c_hardware = _core.crc32c_hardware
 #: ``AdaptiveRate(*, window, cliff_ratio, cliff_windows, margin, min_rate)``: finds a drive's
 #: write cliff from per-window throughput (``observe(bytes, seconds) -> rate``).
 AdaptiveRate = _core.AdaptiveRate
+#: ``RateControl()``: a write's pace (``rate``, bytes/s, settable from another thread while the
+#: write runs; 0: unpaced) and progress (``done``); pass it as ``OutputFile.write(control=)``.
+RateControl = _core.RateControl
 #: ``Pacer(rate=0.0)``: fixed-rate schedule; ``admit(bytes, now) -> seconds to wait``.
 Pacer = _core.Pacer
 #: ``LatencyRecorder()``: thread-safe latency histogram; ``stop(start_ns)`` records
@@ -107,6 +111,8 @@ class OutputFile(Protocol):
     of ``alignment`` (``(offset, memory)``): pad the tail and ``commit`` the exact size. The
     result has bytes, seconds, requests, counts, min_ns, max_ns, sum_ns, paused, timeline
     ([(seconds, bytes, rate)]), peak, sustained, final_rate, crcs, engine and direct.
+    ``control``: a :class:`RateControl` another thread steers the pace with while the write
+    runs (it then alone sets the pace) and reads the write's progress from.
     """
 
     path: str
@@ -116,7 +122,7 @@ class OutputFile(Protocol):
     def write(self, data: Any, offset: int = 0, *, chunk_size: int = ..., queue_depth: int = ...,
               rate: float = 0.0, adaptive: Optional[Dict[str, float]] = None,
               crc_bounds: Optional[Sequence[int]] = None,
-              interval: float = 0.05) -> Dict[str, Any]: ...
+              interval: float = 0.05, control: Optional[Any] = None) -> Dict[str, Any]: ...
     def commit(self, size: int) -> float: ...
     def close(self) -> None: ...
 
@@ -136,12 +142,12 @@ class _NativeOutputFile:
               queue_depth: int = _WRITE_DEPTH, rate: Optional[float] = 0.0,
               adaptive: Optional[Dict[str, float]] = None,
               crc_bounds: Optional[Sequence[int]] = None,
-              interval: float = 0.05) -> Dict[str, Any]:
+              interval: float = 0.05, control: Optional[Any] = None) -> Dict[str, Any]:
         bounds = None if crc_bounds is None else [int(b) for b in crc_bounds]
         return self._file.write(data, int(offset), int(chunk_size), int(queue_depth),
                                 self._engine, float(rate or 0.0),
                                 None if adaptive is None else dict(adaptive), bounds,
-                                float(interval))
+                                float(interval), control)
 
     def commit(self, size: int) -> float:
         return self._file.commit(int(size))

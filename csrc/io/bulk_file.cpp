@@ -33,6 +33,7 @@ constexpr double kMinInterval = 0.001;
 // While a paced request waits for its turn with others in flight, completions are collected
 // this often, so their latencies and the windows stay accurate to about this much.
 constexpr double kPollSeconds = 200e-6;
+constexpr double kControlPollSeconds = 5e-3;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -104,7 +105,8 @@ class Transfer {
     Clock::time_point submitted;
   };
 
-  bool paced() const { return write_ && (o_.rate > 0 || o_.adaptive); }
+  bool paced() const { return write_ && (o_.rate > 0 || o_.adaptive || o_.control); }
+  void follow_control(Clock::time_point now);
   double pacing_rate(double adaptive) const;
   void start_next(size_t s, Clock::time_point now);
   void submit(size_t s);
@@ -258,6 +260,19 @@ void Transfer::account(uint64_t bytes, Clock::time_point now) {
   }
   interval_bytes_ += bytes;
   window_bytes_ += bytes;
+  if (o_.control) o_.control->done.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+// A new rate from the controlling thread starts a fresh schedule now; a request waiting on
+// the old one is admitted again under the new one.
+void Transfer::follow_control(Clock::time_point now) {
+  const double rate = o_.control->rate.load(std::memory_order_relaxed);
+  if (rate == pacer_.rate()) return;
+  pacer_ = Pacer(rate > 0 ? rate : 0);
+  if (admitted_) {
+    stats_.paused += seconds_between(ready_, now);
+    admitted_ = false;
+  }
 }
 
 // A window ends at a completion, so it holds whole requests: paced at r, it measures r.
@@ -296,7 +311,7 @@ BulkStats Transfer::run() {
       std::min<uint64_t>({engine_->depth(), o_.queue_depth, std::max<uint64_t>(requests, 1)})));
   batch_.resize(slots_.size());
   if (write_ && o_.adaptive) adaptive_ = std::make_unique<AdaptiveRate>(o_.adaptive_config);
-  pacer_ = Pacer(pacing_rate(0));
+  pacer_ = Pacer(o_.control ? o_.control->rate.load() : pacing_rate(0));
   interval_ = to_duration(o_.interval);
   start_ = last_ = window_start_ = Clock::now();
   next_mark_ = start_ + interval_;
@@ -312,6 +327,7 @@ BulkStats Transfer::run() {
     }
     if (free_slot < slots_.size()) {
       Clock::time_point now = Clock::now();
+      if (o_.control) follow_control(now);
       if (paced() && !admitted_) {
         const uint64_t len = std::min<uint64_t>(o_.chunk_size, r_.request - next_pos_);
         const double delay = pacer_.admit(len, secs(now));
@@ -334,7 +350,9 @@ BulkStats Transfer::run() {
       now = Clock::now();
       if (now < due_) {
         const double left = seconds_between(now, due_);
-        std::this_thread::sleep_for(to_duration(in_flight_ ? std::min(left, kPollSeconds) : left));
+        // With a controlling thread, wake often enough to see a new rate.
+        const double cap = in_flight_ ? kPollSeconds : o_.control ? kControlPollSeconds : left;
+        std::this_thread::sleep_for(to_duration(std::min(left, cap)));
       }
       continue;
     }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct BulkOptions {
   bool adaptive = false;                // pace with AdaptiveRate (then `rate` is the ceiling)
   AdaptiveConfig adaptive_config;
   double interval = 0.05;               // timeline resolution, seconds (>= 0.001)
+  // Set by another thread while the write runs; when present it alone sets the pace.
+  std::shared_ptr<RateControl> control;
 };
 
 struct RatePoint {

@@ -4,6 +4,7 @@
 // Both are clock-free (times are passed in), so the C++ tests drive them with synthetic traces.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace flashstream {
@@ -27,6 +28,14 @@ class Pacer {
  private:
   double rate_;
   double next_ = -1;  // earliest start of the next request; < 0 before the first one
+};
+
+// A pacing rate that another thread sets while a write runs, and the write's progress that
+// thread reads: the checkpoint writer's planner (in Python) steers a write through this. The
+// write applies a new rate at its next request (restarting its schedule there: no burst).
+struct RateControl {
+  std::atomic<double> rate{0};    // bytes/s from now on; 0: unpaced
+  std::atomic<uint64_t> done{0};  // bytes completed so far
 };
 
 struct AdaptiveConfig {

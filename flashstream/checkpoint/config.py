@@ -7,6 +7,7 @@ from typing import Optional, Union
 
 from .. import settings
 from ..sizes import Size, parse_size
+from .pacing import PlanSettings
 
 __all__ = ["AdaptiveSettings", "WriterConfig", "IF_BUSY", "SNAPSHOT_MODES"]
 
@@ -73,6 +74,10 @@ class WriterConfig:
     snapshot: "copy" copies every tensor inside save(); "cow" write-protects contiguous CPU
         tensors instead and copies them in the background, a write to a page not yet copied
         copying its block first (userfaultfd; "copy" where the kernel refuses it).
+    read_slo: with rate="auto", a p95 in seconds for reads on the same drive; the save slows
+        while reads miss it, never below what ``within`` needs.
+    deadline_policy: with rate="auto", what a save does when ``within`` cannot be met without
+        filling the drive's write cache: "avoid-cliff" (finish late) or "meet-deadline".
     """
 
     rate: Rate = None
@@ -87,6 +92,8 @@ class WriterConfig:
     interval: float = 0.05
     adaptive: AdaptiveSettings = AdaptiveSettings()
     snapshot: str = "copy"
+    read_slo: Optional[float] = None
+    deadline_policy: str = "avoid-cliff"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate", parse_rate(self.rate))
@@ -114,6 +121,14 @@ class WriterConfig:
         if self.snapshot not in SNAPSHOT_MODES:
             raise ValueError(f"snapshot must be one of {', '.join(SNAPSHOT_MODES)}; got "
                              f"{self.snapshot!r}")
+        if self.read_slo is not None and not (isinstance(self.read_slo, (int, float))
+                                              and self.read_slo > 0):
+            raise ValueError(f"read_slo must be a positive number of seconds (a read p95), "
+                             f"got {self.read_slo!r}")
+        if (self.read_slo is not None or self.deadline_policy != "avoid-cliff") and \
+                self.rate != "auto":
+            raise ValueError("read_slo and deadline_policy apply to rate='auto' only")
+        PlanSettings(deadline_policy=self.deadline_policy)  # ValueError naming the choices
         if not isinstance(self.adaptive, AdaptiveSettings):
             raise ValueError("adaptive must be an AdaptiveSettings")
 

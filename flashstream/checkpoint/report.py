@@ -44,6 +44,7 @@ class SaveReport:
     cow: Optional[Dict[str, object]] = None  # copy-on-write statistics (faults, bytes, times)
     probe_write: Optional[ProbePoint] = None       # the probe's best sequential write
     probe_same_shape: Optional[ProbePoint] = None  # the probe's write at our request shape
+    pacing: Optional[Dict[str, object]] = None  # auto: the plan, cache estimates, cliffs seen
 
     @property
     def gbps(self) -> float:

@@ -17,14 +17,17 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from .. import engine
+from ..telemetry.device import device_of
 from ..telemetry.histogram import LatencyHistogram
+from ..telemetry.write_model import WriteModel, learn_from_save, load_model
 from .config import WriterConfig
 from .format import FORMAT_VERSION, Layout, header_bytes, plan
+from .pacing import PlanSettings, SaveController, plan_save
 from .report import SaveReport
 from .staging import StagingBuffer, snapshot
 from .store import (
@@ -100,7 +103,8 @@ class CheckpointWriter:
     >>> handle.result()  # optional: wait for this one (writer.close() waits for all)
 
     Keyword arguments are those of :class:`WriterConfig` (rate, within, keep, if_busy,
-    chunk_size, queue_depth, engine, direct, commit_timeout, interval, adaptive), plus ``rank``
+    chunk_size, queue_depth, engine, direct, commit_timeout, interval, adaptive, snapshot,
+    read_slo, deadline_policy), plus ``rank``
     and ``world_size`` (default: torch.distributed's when initialized, else 0 of 1) and
     ``pinned`` (staging in page-locked memory; default: when CUDA is available).
     """
@@ -120,6 +124,7 @@ class CheckpointWriter:
         self._closed = False
         self.reports: List[SaveReport] = []
         self.skipped = 0
+        self._disk_name: Optional[str] = None
 
     # -- saving ---------------------------------------------------------------------------
 
@@ -193,16 +198,28 @@ class CheckpointWriter:
         capacity = -(-layout.file_size // self._staging.alignment) * self._staging.alignment
         rate = cfg.pacing(layout.data_size)
         adaptive = dataclasses.asdict(cfg.adaptive) if cfg.rate == "auto" else None
+        model = load_model(self.directory) if cfg.rate == "auto" else None
+        controller = None if model is None else plan_save(
+            model, total=capacity, within=cfg.within,
+            settings=PlanSettings(deadline_policy=cfg.deadline_policy), read_slo=cfg.read_slo,
+            disk=self._disk(), lead=cfg.chunk_size * cfg.queue_depth,
+            min_rate=cfg.adaptive.min_rate)
+        if controller is not None:
+            adaptive, rate = None, 0.0  # the model's plan sets the pace
+        start_fill = controller.planner.fill if controller else (model.fill_at() if model else 0)
         try:
             out = engine.open_output(tmp, capacity, engine=cfg.engine, direct=cfg.direct)
         except BaseException:
             _unlink(tmp)  # created, then the space reservation failed (ENOSPC)
             raise
         try:
-            data = out.write(self._staging.view(layout.header_size, capacity),
-                             layout.header_size, chunk_size=cfg.chunk_size,
-                             queue_depth=cfg.queue_depth, rate=rate, adaptive=adaptive,
-                             crc_bounds=layout.segment_bounds(), interval=cfg.interval)
+            with controller or contextlib.nullcontext():
+                data = out.write(self._staging.view(layout.header_size, capacity),
+                                 layout.header_size, chunk_size=cfg.chunk_size,
+                                 queue_depth=cfg.queue_depth, rate=rate, adaptive=adaptive,
+                                 crc_bounds=layout.segment_bounds(), interval=cfg.interval,
+                                 control=controller.control if controller else None)
+            ended = time.time()
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
             head = out.write(self._staging.view(0, layout.header_size), 0,
@@ -224,11 +241,38 @@ class CheckpointWriter:
             self._finish_step(step_dir)
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
+        if model is not None:
+            report.pacing = self._learn(model, controller, data, capacity, start_fill, ended)
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
         with self._lock:
             self.reports.append(report)
         return report
+
+    def _disk(self) -> Optional[str]:
+        if self._disk_name is None:
+            try:
+                self._disk_name = device_of(self.directory, health=False).name or ""
+            except OSError:
+                self._disk_name = ""
+        return self._disk_name or None
+
+    def _learn(self, model: WriteModel, controller: Optional[SaveController], data: dict,
+               total: int, start_fill: float, ended: float) -> Dict[str, object]:
+        """Refresh the drive's write model from this save; what the pacing did."""
+        planner = controller.planner if controller else None
+        try:
+            cliff = learn_from_save(model, data["timeline"], total=total, start_fill=start_fill,
+                                    end_fill=planner.fill if planner else None, ended=ended)
+        except OSError as exn:  # the model is a cache: never fail a committed save over it
+            log.warning("flashstream: could not update the drive's write model: %s", exn)
+            cliff = None
+        return {"plan": "model" if controller else "learning", "start_fill": start_fill,
+                "end_fill": model.fill, "cliff_at_s": cliff.seconds if cliff else None,
+                "cliffs_seen": controller.cliffs if controller else None,
+                "deadline_conflict": controller.conflicted if controller else None,
+                "slo_misses": controller.slo_misses if controller else None,
+                "deadline_s": self.config.within}
 
     def _finish_step(self, step_dir: StepDir) -> None:
         """Rank 0: once every rank's marker is there, point ``latest`` at it and prune."""

@@ -1,0 +1,280 @@
+"""rate="auto": plan each save from the drive's write model so its cache never fills.
+
+The planner (clock-free, so tests drive it with synthetic progress) keeps an estimate of the
+bytes in the drive's write cache: what the model remembered from the last save, drained at the
+recovery rate since, plus every byte this save writes, less what the drive folds meanwhile.
+
+- With a deadline (``within=``), it paces at the flattest rate that finishes in time:
+  ``remaining / time left``. If writing that way fills the cache past ``headroom`` of its size
+  before the end, no cliff-free schedule meets the deadline (a flat one fills the cache
+  least); then ``deadline_policy`` says what to do: "avoid-cliff" (default) writes as fast as
+  the cache allows and finishes late, "meet-deadline" keeps the flat rate and enters the cliff.
+- Without one, it writes unpaced while the estimated headroom lasts, then at ``sustain`` x
+  the recovery rate, which the cache absorbs indefinitely.
+- ``read_slo`` (a p95 in seconds for reads on the same drive) lowers the rate while reads miss
+  it and raises it back while they meet it, never below what the deadline needs.
+
+A controller thread (:class:`SaveController`) runs the planner every ``tick`` seconds against
+the write's progress (an ``engine.RateControl``) and notices a cliff the model did not predict
+(throughput far below the pace for half a second): it then takes the cache as full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from typing import Callable, List, Optional
+
+from .. import engine
+from ..telemetry.write_model import WriteModel
+
+__all__ = ["DEADLINE_POLICIES", "CachePlanner", "PlanSettings", "ReadLatencyMonitor",
+           "SaveController", "plan_save"]
+
+log = logging.getLogger(__name__)
+DEADLINE_POLICIES = ("avoid-cliff", "meet-deadline")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSettings:
+    """headroom: fill the drive's cache to at most this share of its size.
+    sustain: once the headroom is spent, write at this share of the recovery rate.
+    finish: aim to finish by this share of the deadline (slack for the drive's noise).
+    deadline_policy: "avoid-cliff" or "meet-deadline" (see the module docstring).
+    """
+
+    headroom: float = 0.85
+    sustain: float = 0.9
+    finish: float = 0.9
+    deadline_policy: str = "avoid-cliff"
+
+    def __post_init__(self) -> None:
+        for name in ("headroom", "sustain", "finish"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.deadline_policy not in DEADLINE_POLICIES:
+            raise ValueError(f"deadline_policy must be one of {', '.join(DEADLINE_POLICIES)}; "
+                             f"got {self.deadline_policy!r}")
+
+
+class CachePlanner:
+    """The pace of one save, from the cache estimate, the bytes left and the deadline."""
+
+    def __init__(self, *, total: int, cache_size: float, recovery_rate: float, fill: float = 0.0,
+                 deadline: Optional[float] = None, settings: PlanSettings = PlanSettings(),
+                 lead: float = 0.0) -> None:
+        self.total, self.cache_size, self.recovery = total, cache_size, recovery_rate
+        self.fill, self.deadline, self.settings = fill, deadline, settings
+        self.lead = lead  # bytes in flight: the estimate lags the drive by that much
+        self.done = 0.0
+        self.elapsed = 0.0
+        self.conflict = False  # the deadline cannot be met without the cliff
+        self.slo_cap: Optional[float] = None  # bytes/s read_slo allows (None: no limit)
+
+    @property
+    def limit(self) -> float:
+        return self.settings.headroom * self.cache_size
+
+    def advance(self, done: float, elapsed: float) -> None:
+        """The write has completed ``done`` bytes after ``elapsed`` seconds."""
+        dt = max(0.0, elapsed - self.elapsed)
+        self.fill = max(0.0, self.fill + (done - self.done) - self.recovery * dt)
+        self.done, self.elapsed = done, elapsed
+
+    def saturate(self, observed_rate: float) -> None:
+        """A cliff was seen: the cache is full, and it recovers no faster than the drive
+        writes now."""
+        self.fill = self.cache_size
+        if observed_rate > 0:  # at most a halving per cliff: one slow stretch is not a model
+            self.recovery = min(self.recovery, max(observed_rate, 0.5 * self.recovery))
+
+    def needed(self) -> float:
+        """Bytes/s that finish by the deadline (0 without one; inf once it has passed)."""
+        remaining = max(0.0, self.total - self.done)
+        if self.deadline is None or remaining == 0:
+            return 0.0
+        left = self.deadline * self.settings.finish - self.elapsed
+        return remaining / left if left > 0 else math.inf
+
+    def rate(self) -> float:
+        """Bytes/s to pace at now; 0: unpaced."""
+        needed = self.needed()
+        pace = self._cliff_free(needed)
+        if self.slo_cap is not None:
+            pace = self.slo_cap if pace == 0 else min(pace, self.slo_cap)
+            if needed and math.isfinite(needed):
+                pace = max(pace, needed)
+        return pace
+
+    def _cliff_free(self, needed: float) -> float:
+        asap = 0.0 if self.fill + self.lead < self.limit else self.settings.sustain * self.recovery
+        if not needed:
+            return asap
+        remaining = max(0.0, self.total - self.done)
+        left = remaining / needed if math.isfinite(needed) else 0.0
+        # A flat write at `needed` for `left` seconds ends with this much in the cache.
+        end_fill = self.fill + self.lead + remaining - self.recovery * left
+        if math.isfinite(needed) and (needed <= self.settings.sustain * self.recovery
+                                      or end_fill <= self.limit):
+            self.conflict = False
+            return needed
+        self.conflict = True
+        if self.settings.deadline_policy == "meet-deadline":
+            return 0.0 if not math.isfinite(needed) else needed
+        return asap
+
+
+class ReadLatencyMonitor:
+    """p95 of reads on the drive over the last window, for ``read_slo``.
+
+    Live latency histograms registered by this process's readers (``IndexReader`` registers
+    itself) are preferred; without any, /proc/diskstats' mean read time per request on the
+    drive stands in for the p95 (it sees every reader on the drive but only their mean).
+    """
+
+    _sources: List[Callable[[], object]] = []
+    _lock = threading.Lock()
+
+    @classmethod
+    def register(cls, latency: Callable[[], object]) -> None:
+        """``latency()`` returns a cumulative LatencyHistogram (or None once closed)."""
+        with cls._lock:
+            cls._sources.append(latency)
+
+    @classmethod
+    def unregister(cls, latency: Callable[[], object]) -> None:
+        with cls._lock:
+            if latency in cls._sources:
+                cls._sources.remove(latency)
+
+    def __init__(self, disk: Optional[str]) -> None:
+        self.disk = disk
+        self._last_hist = self._histogram()
+        self._last_disk = self._disk()
+
+    def _histogram(self):
+        from ..telemetry.histogram import LatencyHistogram
+
+        with self._lock:
+            sources = list(self._sources)
+        hists = [h for h in (source() for source in sources) if h is not None]
+        return LatencyHistogram.merged(hists) if hists else None
+
+    def _disk(self):
+        from ..telemetry.diskstats import disk_counters
+
+        counters = disk_counters(self.disk)
+        return None if counters is None else (counters.read_count, counters.read_time)
+
+    def p95(self) -> Optional[float]:
+        """Seconds; None when no read completed since the last call."""
+        hist, disk = self._histogram(), self._disk()
+        value = None
+        if hist is not None and self._last_hist is not None:
+            counts = [a - b for a, b in zip(hist.counts, self._last_hist.counts)]
+            if sum(counts) > 0:
+                from ..telemetry.histogram import LatencyHistogram
+
+                ns = LatencyHistogram(counts).percentile(95)
+                value = None if ns is None else ns / 1e9
+        elif disk is not None and self._last_disk is not None:
+            reads, ms = disk[0] - self._last_disk[0], disk[1] - self._last_disk[1]
+            value = ms / 1e3 / reads if reads > 0 else None
+        self._last_hist, self._last_disk = hist, disk
+        return value
+
+
+class SaveController:
+    """Runs a :class:`CachePlanner` against one write in flight (a thread)."""
+
+    def __init__(self, planner: CachePlanner, *, read_slo: Optional[float] = None,
+                 disk: Optional[str] = None, tick: float = 0.05, min_rate: float = 16 << 20,
+                 fast_rate: Optional[float] = None) -> None:
+        self.planner, self.read_slo, self.tick = planner, read_slo, tick
+        self.min_rate = min_rate
+        self.fast_rate = fast_rate
+        self.control = engine.RateControl()
+        self.control.rate = planner.rate()
+        self.monitor = ReadLatencyMonitor(disk) if read_slo else None
+        self.cliffs = 0
+        self.slo_misses = 0
+        self.conflicted = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flashstream-pacing",
+                                        daemon=True)
+
+    def __enter__(self) -> SaveController:
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        planner, recent = self.planner, []  # (elapsed, done, pace) over the last half second
+        slo_every, next_slo = max(self.tick, 0.25), 0.0
+        while not self._stop.wait(self.tick):
+            elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
+            planner.advance(done, elapsed)
+            recent = [r for r in recent if elapsed - r[0] <= 0.5] + [
+                (elapsed, done, self.control.rate)]
+            if self._cliff_seen(recent):
+                self.cliffs += 1
+                planner.saturate((recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
+                recent = recent[-1:]
+            if self.monitor is not None and elapsed >= next_slo:
+                next_slo = elapsed + slo_every
+                self._follow_slo(self.monitor.p95())
+            pace = planner.rate()
+            if planner.conflict and not self.conflicted:
+                self.conflicted = True
+                log.warning("flashstream: this checkpoint cannot finish by its deadline without "
+                            "filling the drive's write cache; policy %r",
+                            planner.settings.deadline_policy)
+            self.control.rate = pace
+
+    def _cliff_seen(self, recent) -> bool:
+        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.45:
+            return False
+        achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+        paces = [r[2] for r in recent]
+        expected = min(paces) if all(paces) else (self.fast_rate or 0.0)
+        fill, cache = self.planner.fill, self.planner.cache_size
+        if fill >= cache or fill < 0.5 * cache:
+            return False  # already counted as full; or too empty for a slowdown to be its cliff
+        return expected > 0 and achieved < 0.5 * expected
+
+    def _follow_slo(self, p95: Optional[float]) -> None:
+        if p95 is None or self.read_slo is None:
+            return
+        planner = self.planner
+        current = self.control.rate or self.fast_rate or planner.recovery * 4
+        if p95 > self.read_slo:
+            self.slo_misses += 1
+            planner.slo_cap = max(self.min_rate, 0.7 * current)
+        elif planner.slo_cap is not None:
+            raised = planner.slo_cap * 1.1
+            planner.slo_cap = None if self.fast_rate and raised >= self.fast_rate else raised
+
+
+def plan_save(model: WriteModel, *, total: int, within: Optional[float],
+              settings: PlanSettings, read_slo: Optional[float], disk: Optional[str],
+              lead: float, min_rate: float) -> Optional[SaveController]:
+    """The controller of one save from the drive's model; None when the model knows too little
+    (no cliff seen, and no write this large seen without one): that save learns, with the
+    adaptive cliff detector."""
+    if model.has_cliff:
+        cache, recovery = float(model.cache_size), float(model.recovery_rate)
+    elif model.cliff_free >= total:
+        cache, recovery = math.inf, float(model.fast_rate or math.inf)
+    else:
+        return None
+    planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
+                           fill=model.fill_at(), deadline=within, settings=settings, lead=lead)
+    return SaveController(planner, read_slo=read_slo, disk=disk, min_rate=min_rate,
+                          fast_rate=model.fast_rate)

@@ -1,0 +1,166 @@
+"""The emulated drive's SLC cache: a clock-free model the emulator steps with measured bytes.
+
+A dense (PLC/QLC) drive takes writes into a fast SLC cache and folds them into dense cells in
+the background. The model keeps one number, the bytes in the cache (``fill``):
+
+- every byte the drive writes enters the cache; the drive folds ``drain_rate`` bytes/s out of
+  it whenever it is not empty, writing or not;
+- while the cache has room, writes run at ``fast_rate`` (0: as fast as the real drive goes);
+- once it is full the drive is *in the cliff*: writes run at ``post_cache_rate`` and reads are
+  held back to ``fold_read_rate`` while it folds; it leaves the cliff once folding has freed
+  ``hysteresis`` bytes (so a writer that keeps writing at the post-cache rate stays in it).
+
+So a write at any rate below ``drain_rate`` never fills the cache, and from an empty cache a
+write at rate ``w > drain_rate`` reaches the cliff after ``cache_size * w / (w - drain_rate)``
+bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Optional
+
+from ..sizes import Size, format_size, parse_size
+
+__all__ = ["CacheModel", "CacheState", "DriveSettings", "PROFILES", "profile_settings"]
+
+
+def _rate(value: Size, name: str) -> float:
+    if isinstance(value, float):  # bytes/s; parse_size takes ints and size strings
+        if value < 0 or value != value:
+            raise ValueError(f"{name} must be a non-negative number of bytes/s, got {value!r}")
+        return value
+    return float(parse_size(value, name=name))
+
+
+@dataclasses.dataclass(frozen=True)
+class DriveSettings:
+    """An emulated dense drive. Sizes are bytes (or strings like ``"1.2GiB"``), rates bytes/s
+    (or ``"300MB"`` meaning per second).
+
+    cache_size: bytes the SLC cache holds.
+    fast_rate: write bytes/s while the cache has room; 0 leaves writes at the real drive's
+        speed.
+    post_cache_rate: write bytes/s once the cache is full (in the cliff).
+    drain_rate: bytes/s folded out of the cache whenever it holds data; at most
+        ``post_cache_rate`` (a drive that folds faster than it can write in the cliff would
+        leave the cliff while still being written at full speed).
+    fold_read_rate: read bytes/s allowed while in the cliff; 0: reads are not held back.
+    """
+
+    cache_size: Size
+    post_cache_rate: Size
+    drain_rate: Optional[Size] = None  # default: the post-cache rate
+    fast_rate: Size = 0
+    fold_read_rate: Size = 0
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        size = self.cache_size
+        put(self, "cache_size", parse_size(int(size) if isinstance(size, float) else size,
+                                           name="cache_size"))
+        put(self, "post_cache_rate", _rate(self.post_cache_rate, "post_cache_rate"))
+        put(self, "drain_rate", self.post_cache_rate if self.drain_rate is None
+            else _rate(self.drain_rate, "drain_rate"))
+        put(self, "fast_rate", _rate(self.fast_rate, "fast_rate"))
+        put(self, "fold_read_rate", _rate(self.fold_read_rate, "fold_read_rate"))
+        if self.cache_size < 1 << 20:
+            raise ValueError(f"cache_size must be at least 1MiB, got {self.cache_size}")
+        if self.post_cache_rate < 1 << 20:
+            raise ValueError(f"post_cache_rate must be at least 1MiB/s, got "
+                             f"{self.post_cache_rate:.0f}")
+        if not 0 < self.drain_rate <= self.post_cache_rate:
+            raise ValueError(f"drain_rate must be positive and at most post_cache_rate "
+                             f"({self.post_cache_rate:.0f} B/s), got {self.drain_rate:.0f}")
+        if self.fast_rate and self.fast_rate <= self.post_cache_rate:
+            raise ValueError("fast_rate must be 0 (the real drive's speed) or above "
+                             "post_cache_rate")
+
+    @property
+    def hysteresis(self) -> float:
+        """Bytes folding must free before the drive leaves the cliff: 2% of the cache, at
+        least a quarter second of folding."""
+        return max(0.02 * self.cache_size, 0.25 * self.drain_rate)
+
+    def to_dict(self) -> Dict[str, float]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        fast = f"{format_size(self.fast_rate)}/s" if self.fast_rate else "the drive's speed"
+        held = (f"reads held to {format_size(self.fold_read_rate)}/s in the cliff"
+                if self.fold_read_rate else "reads not held back")
+        return (f"SLC cache {format_size(self.cache_size)}, writes at {fast} until full, then "
+                f"{format_size(self.post_cache_rate)}/s; folds "
+                f"{format_size(self.drain_rate)}/s; {held}")
+
+
+# Shapes of real dense drives, as shares of their cache-fresh sequential write rate (the seeds'
+# figures: PLC ~3.2 GB/s falling to ~0.8 GB/s, QLC ~2.9 falling to ~1.1 GB/s). The cache is
+# given as seconds of writing at the fast rate, so a scaled profile keeps the drive's timing.
+PROFILES: Dict[str, Dict[str, float]] = {
+    "plc": {"post_cache": 0.8 / 3.2, "cache_seconds": 1.25, "fold_read": 0.025},
+    "qlc": {"post_cache": 1.1 / 2.9, "cache_seconds": 1.5, "fold_read": 0.04},
+}
+
+
+def profile_settings(name: str, write_rate: float, **overrides: Size) -> DriveSettings:
+    """The profile ``name`` scaled to a drive that writes ``write_rate`` bytes/s: the fast rate
+    is 90% of it (so the real drive, not its noise, sets the pace before the cliff), the
+    post-cache and fold rates the profile's share of it, the cache its seconds of fast writing;
+    reads in the cliff are held to a small share of the fast rate. ``overrides`` replace any
+    :class:`DriveSettings` field."""
+    if name not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {name!r}")
+    if not write_rate > 0 or not math.isfinite(write_rate):
+        raise ValueError(f"write_rate must be a positive number of bytes/s, got {write_rate!r}")
+    shape, fast = PROFILES[name], 0.9 * write_rate
+    fields = {"cache_size": int(shape["cache_seconds"] * fast),
+              "post_cache_rate": shape["post_cache"] * fast,
+              "drain_rate": shape["post_cache"] * fast,
+              "fast_rate": fast, "fold_read_rate": shape["fold_read"] * fast}
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {sorted(unknown)}; allowed: {sorted(fields)}")
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    if "post_cache_rate" in overrides and "drain_rate" not in overrides:
+        fields["drain_rate"] = min(fields["drain_rate"],
+                                   _rate(fields["post_cache_rate"], "post_cache_rate"))
+    return DriveSettings(**fields)
+
+
+@dataclasses.dataclass
+class CacheState:
+    fill: float = 0.0
+    cliff: bool = False
+
+
+class CacheModel:
+    """Steps the cache with the bytes the drive wrote; says what to throttle to."""
+
+    def __init__(self, settings: DriveSettings, horizon: float = 0.05) -> None:
+        self.settings = settings
+        self.horizon = horizon  # seconds until the next chance to change the limits
+        self.state = CacheState()
+
+    def step(self, written: float, seconds: float) -> CacheState:
+        s, st = self.settings, self.state
+        st.fill = min(float(s.cache_size), max(0.0, st.fill + written - s.drain_rate * seconds))
+        if not st.cliff and st.fill >= s.cache_size * 0.999:
+            st.cliff = True
+        elif st.cliff and st.fill <= s.cache_size - s.hysteresis:
+            st.cliff = False
+        return st
+
+    def write_limit(self) -> float:
+        """Bytes/s writes may run at now (0: unlimited). Before the cliff the limit tapers so
+        that no more than the room left can be written before the next step."""
+        s, st = self.settings, self.state
+        if st.cliff:
+            return s.post_cache_rate
+        room_rate = max(s.post_cache_rate, (s.cache_size - st.fill) / self.horizon)
+        return min(s.fast_rate, room_rate) if s.fast_rate else room_rate
+
+    def read_limit(self) -> float:
+        """Bytes/s reads may run at now (0: unlimited)."""
+        return self.settings.fold_read_rate if self.state.cliff else 0.0

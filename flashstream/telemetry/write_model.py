@@ -1,0 +1,353 @@
+"""A drive's write model, learned and remembered: how fast it writes a new file, how many bytes
+its write cache takes before the cliff, how fast it writes in the cliff, and how fast the cache
+recovers while idle.
+
+It is learned from ``flashstream probe --sustained`` (two sustained writes with an idle gap
+between them) and refreshed by every checkpoint save from the save's own per-interval timings.
+One JSON file per device lives beside the probe cache; ``flashstream probe`` shows it, and
+``CheckpointWriter(rate="auto")`` plans its saves from it (checkpoint/pacing.py).
+
+Writes are measured as checkpoints make them: into a new, preallocated file (a rewrite of an
+existing file skips block allocation and reads faster than the checkpoint will write).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+from ..sizes import Size, format_size, parse_size
+from .device import device_of
+
+__all__ = ["Cliff", "WriteModel", "drive_write_rate", "find_cliff", "learn_from_save",
+           "learn_sustained", "load_model", "model_path", "new_file_write"]
+
+MODEL_VERSION = 1
+# (end of interval s, bytes completed in it, pacing rate in force, 0 = unpaced)
+Timeline = Sequence[Tuple[float, float, float]]
+
+
+@dataclasses.dataclass
+class WriteModel:
+    """What is known of one drive's writes; None where not yet measured."""
+
+    device: str
+    fast_rate: Optional[float] = None        # bytes/s into a new file, cache not full
+    cache_size: Optional[float] = None       # bytes the write cache holds
+    post_cache_rate: Optional[float] = None  # bytes/s once it is full
+    drain_rate: Optional[float] = None       # bytes/s it recovers (None: assume post_cache_rate)
+    cliff_free: float = 0.0                  # the most bytes seen written without a cliff
+    fill: float = 0.0                        # estimated bytes in the cache at fill_time
+    fill_time: float = 0.0                   # time.time() of that estimate
+    observations: int = 0
+    updated: float = 0.0
+    sources: List[str] = dataclasses.field(default_factory=list)
+    path: Optional[str] = dataclasses.field(default=None, compare=False)
+
+    @property
+    def has_cliff(self) -> bool:
+        return self.cache_size is not None and self.post_cache_rate is not None
+
+    @property
+    def recovery_rate(self) -> Optional[float]:
+        """Bytes/s the cache drains: measured, else assumed equal to the post-cache rate."""
+        return self.drain_rate if self.drain_rate is not None else self.post_cache_rate
+
+    def fill_at(self, when: Optional[float] = None) -> float:
+        """Estimated bytes in the cache at ``when`` (default now): the last estimate, drained
+        at the recovery rate since."""
+        if not self.has_cliff or not self.fill:
+            return 0.0
+        idle = max(0.0, (time.time() if when is None else when) - self.fill_time)
+        return max(0.0, self.fill - (self.recovery_rate or 0.0) * idle)
+
+    def set_fill(self, fill: float, when: Optional[float] = None) -> None:
+        cap = self.cache_size if self.cache_size is not None else fill
+        self.fill = min(max(0.0, fill), cap)
+        self.fill_time = time.time() if when is None else when
+
+    def save(self) -> None:
+        """Writes the model to its file atomically (a no-op for a model without a file)."""
+        if not self.path:
+            return
+        self.updated = time.time()
+        target = Path(self.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = {k: v for k, v in dataclasses.asdict(self).items() if k != "path"}
+        data["version"] = MODEL_VERSION
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, target)
+
+    def describe(self) -> str:
+        def rate(v: Optional[float]) -> str:
+            return f"{v / 1e9:.3f} GB/s" if v else "not measured"
+
+        lines = [f"write model of {self.device} ({self.observations} observations: "
+                 f"{', '.join(sorted(set(self.sources))) or 'none'})",
+                 f"  new-file write     {rate(self.fast_rate)}"]
+        if self.has_cliff:
+            assumed = "" if self.drain_rate is not None else " (assumed: the post-cache rate)"
+            lines += [f"  write cache        {format_size(int(self.cache_size))}",
+                      f"  in the cliff       {rate(self.post_cache_rate)}",
+                      f"  recovery           {rate(self.recovery_rate)}{assumed}",
+                      f"  cache fill now     {format_size(int(self.fill_at()))} (estimate)"]
+        else:
+            seen = format_size(int(self.cliff_free)) if self.cliff_free else "nothing yet"
+            lines.append(f"  write cliff        none seen (largest write watched: {seen})")
+        return "\n".join(lines)
+
+
+def _cache_dir() -> Path:
+    from .probe import default_cache_dir
+
+    return default_cache_dir()
+
+
+def _ident(path: Union[str, os.PathLike]) -> str:
+    info = device_of(path, health=False).to_dict()
+    ident = "-".join(str(info.get(k) or "x") for k in ("name", "serial", "dev"))
+    return ident.replace("/", "_").replace(":", ".")
+
+
+def model_path(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> Path:
+    """Where the write model of the drive that holds ``path`` is kept."""
+    return Path(cache_dir or _cache_dir()) / f"write-model-{_ident(path)}.json"
+
+
+def load_model(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> WriteModel:
+    """The remembered write model of the drive that holds ``path`` (an empty one if none)."""
+    target = model_path(path, cache_dir)
+    try:
+        data = json.loads(target.read_text())
+        if data.pop("version", None) != MODEL_VERSION:
+            raise ValueError("old version")
+        fields = {f.name for f in dataclasses.fields(WriteModel)}
+        model = WriteModel(**{k: v for k, v in data.items() if k in fields})
+    except (OSError, ValueError, TypeError):
+        model = WriteModel(device=target.stem[len("write-model-"):])
+    model.path = str(target)
+    return model
+
+
+# -- measuring ------------------------------------------------------------------------------
+def new_file_write(directory: Union[str, os.PathLike], size: Size, *, block_size: Size = "8MiB",
+                   queue_depth: int = 8, interval: float = 0.05, seconds: float = 0.0):
+    """One sequential O_DIRECT write of a new, preallocated file of ``size`` bytes (as a
+    checkpoint writes), timed to its end fsync; returns the probe's ProbePoint."""
+    from .probe import measure
+
+    nbytes = parse_size(size, name="size")
+    fd, name = tempfile.mkstemp(prefix=".flashstream-write-", dir=directory)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+        os.close(fd)
+        fd = -1
+        return measure(name, op="write", block_size=block_size, queue_depth=queue_depth,
+                       nbytes=nbytes, seconds=seconds, interval=interval)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(name)
+
+
+def drive_write_rate(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> float:
+    """The drive's new-file write bytes/s: remembered, else measured (a 1 GiB write, at most
+    3 s) and remembered."""
+    model = load_model(path, cache_dir)
+    if not model.fast_rate:
+        point = new_file_write(path, "1GiB", seconds=3.0)
+        model.fast_rate = point.bytes / point.seconds
+        model.sources.append("write")
+        model.observations += 1
+        model.save()
+    return float(model.fast_rate)
+
+
+# -- reading a cliff off a timeline ------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Cliff:
+    seconds: float             # when the drop began, since the write started
+    bytes_before: float        # bytes completed before it
+    rate: Optional[float]      # median bytes/s in the cliff where the drive, not the pacer,
+    #                            set the pace (None: the pacer held it below the drive)
+    fast_rate: Optional[float]  # median unpaced bytes/s before it (None: paced throughout)
+
+
+def _intervals(timeline: Timeline):
+    out, start = [], 0.0
+    for end, nbytes, pace in timeline:
+        if end > start:
+            out.append((start, float(end), float(nbytes) / (end - start), float(pace)))
+        start = float(end)
+    return out[:-1] if len(out) > 2 else out  # the last one is the queue draining
+
+
+def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
+               warmup: float = 0.15) -> Optional[Cliff]:
+    """The write cliff in a write's timeline: the first moment from which throughput stays
+    (on average) below ``ratio`` x what was expected (the best ``warmup``-long stretch so far,
+    or the pacing rate if lower) for ``hold`` seconds, and stays low on average after."""
+    rows = _intervals(timeline)
+    if not rows:
+        return None
+    width = max(1e-6, statistics.median(r[1] - r[0] for r in rows))
+    smooth = max(1, round(warmup / width))
+    run = max(2, round(hold / width))
+    peak, done = 0.0, 0.0
+    for i, (start, _end, bps, pace) in enumerate(rows):
+        expected = min(peak, pace) if pace > 0 else peak
+        window = rows[i:i + run]
+        # The first interval low, and the next `hold` seconds low on average (single short
+        # intervals hold whole requests, so they scatter around the true rate).
+        if (expected > 0 and len(window) == run and bps < ratio * expected
+                and _mean_rate(window) < ratio * expected):
+            after = rows[i:]
+            if _mean_rate(after) < ratio * expected:
+                # Means, not medians: a 50 ms interval holds a few whole requests, so single
+                # intervals' rates are quantized to multiples of request size / width.
+                # The first `hold` seconds in the cliff still complete requests the drive took
+                # before it (they were past the throttle, or in its cache): leave them out.
+                free = [r for r in rows[i + run:] if r[3] <= 0 or r[3] > 1.2 * r[2]]
+                before = [r for r in rows[:i] if r[3] <= 0]
+                return Cliff(start, done, _mean_rate(free) if len(free) >= run else None,
+                             _mean_rate(before) if before else None)
+        if i + 1 >= smooth:
+            peak = max(peak, statistics.fmean(r[2] for r in rows[i + 1 - smooth:i + 1]))
+        done += bps * (rows[i][1] - start)
+    return None
+
+
+def _mean_rate(rows) -> float:
+    seconds = sum(r[1] - r[0] for r in rows)
+    return sum(r[2] * (r[1] - r[0]) for r in rows) / seconds if seconds > 0 else 0.0
+
+
+def _point_timeline(point) -> List[Tuple[float, float, float]]:
+    """A ProbePoint's (end, GB/s) timeline as (end, bytes, unpaced)."""
+    out, start = [], 0.0
+    for end, gbps in point.timeline:
+        out.append((end, gbps * 1e9 * (end - start), 0.0))
+        start = end
+    return out
+
+
+# -- learning ---------------------------------------------------------------------------------
+# The sustained probe's request shape: small requests and a fine timeline, so that what is in
+# flight when the cliff comes (and counts as written before it) stays small beside the cache.
+_SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
+
+
+def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
+                    idle: Optional[float] = None, cache_dir: Optional[Path] = None,
+                    progress: Callable[[str], None] = lambda _m: None) -> WriteModel:
+    """Learns the drive's write model with sustained new-file writes.
+
+    The first writes ``size`` bytes unpaced: its speed before a cliff is the new-file rate, its
+    speed well after it the post-cache rate. Two more writes follow, each after an idle gap
+    (``idle`` seconds, default a fifth of the cache's drain time at the post-cache rate, at
+    most 15 s; then four times that) on a cache the first write left full: each takes
+    ``drain_rate x (gap + its time to the cliff)`` bytes before its cliff, plus the same
+    detection lag, so the difference of the two gives the recovery rate, and with it the cache
+    size (the first write's bytes before its cliff, less what drained meanwhile).
+    Without a cliff in the first write the model records that ``size`` bytes went without
+    one. Assumes the cache is empty when it starts.
+    """
+    nbytes = parse_size(size, name="size")
+    model = load_model(directory, cache_dir)
+    progress(f"sustained write of {format_size(nbytes)}")
+    first = new_file_write(directory, nbytes, **_SHAPE)
+    ended = time.monotonic()  # the last write completed (the probe's time includes its sync)
+    cliff = find_cliff(_point_timeline(first))
+    model.sources.append("probe")
+    model.observations += 1
+    if cliff is None:
+        model.fast_rate = first.bytes / first.seconds
+        model.cliff_free = max(model.cliff_free, float(nbytes))
+        model.cache_size = model.post_cache_rate = model.drain_rate = None
+        model.set_fill(0.0)
+        model.save()
+        return model
+    post = cliff.rate or (first.bytes - cliff.bytes_before) / max(
+        1e-9, first.seconds - cliff.seconds)
+    model.fast_rate = cliff.fast_rate or cliff.bytes_before / max(cliff.seconds, 1e-9)
+    model.post_cache_rate = post
+    guess = max(cliff.bytes_before - post * cliff.seconds, float(64 << 20))
+    idle = min(15.0, 0.2 * guess / post) if idle is None else idle
+    refills: List[Tuple[float, float]] = []
+    for gap in (idle, 4 * idle):
+        progress(f"idle {gap:.1f} s, then a write up to the cliff again")
+        time.sleep(max(0.0, gap - (time.monotonic() - ended)))
+        gap = time.monotonic() - ended
+        point = new_file_write(directory, min(nbytes, int(1.25 * guess) + (32 << 20)), **_SHAPE)
+        ended = time.monotonic()
+        again = find_cliff(_point_timeline(point))
+        if again is None:
+            break  # the cache drained completely: no second reading
+        refills.append((gap + again.seconds, again.bytes_before))
+    if len(refills) == 2 and refills[1][0] > refills[0][0]:
+        (t2, b2), (t3, b3) = refills
+        model.drain_rate = min(post, max((b3 - b2) / (t3 - t2), 1.0))
+    else:
+        model.drain_rate = None
+    recovery = model.recovery_rate or post
+    model.cache_size = max(cliff.bytes_before - recovery * cliff.seconds, float(1 << 20))
+    model.cliff_free = 0.0
+    model.set_fill(model.cache_size if refills else 0.0)
+    model.save()
+    return model
+
+
+def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
+                    start_fill: float, end_fill: Optional[float], ended: float) -> Optional[Cliff]:
+    """Refreshes ``model`` from one save's write (its per-interval timeline) and saves it.
+
+    ``start_fill`` is the cache estimate the save started from, ``end_fill`` the planner's
+    estimate at its end (None: no planner ran; estimated here), ``ended`` the time.time() the
+    write ended. A cliff in the timeline gives the cache size (the bytes before it, plus the
+    fill it started from, less what drained meanwhile) and the post-cache rate; a save without
+    one raises the cache size to at least the most the cache held during it.
+    """
+    cliff = find_cliff(timeline)
+    rows = _intervals(timeline)
+    unpaced = [r for r in rows if r[3] <= 0]
+    if unpaced and sum(r[1] - r[0] for r in unpaced) >= 1.0 and cliff is None:
+        model.fast_rate = _mean_rate(unpaced)
+    elif cliff is not None and cliff.fast_rate:
+        model.fast_rate = cliff.fast_rate
+    model.sources.append("save")
+    model.observations += 1
+    recovery = model.recovery_rate
+    if cliff is not None:
+        # Where a pacer held the whole cliff below the drive (the adaptive detector paces at
+        # a share of what it measured there), the mean in the cliff is a safe underestimate.
+        in_cliff = [r for r in rows if r[0] >= cliff.seconds]
+        model.post_cache_rate = cliff.rate or _mean_rate(in_cliff) or model.post_cache_rate
+        recovery = model.recovery_rate or 0.0
+        size = start_fill + cliff.bytes_before - recovery * cliff.seconds
+        if size > 0:
+            model.cache_size = size
+        model.cliff_free = 0.0
+        model.set_fill(model.cache_size or 0.0, ended)
+    elif model.has_cliff:
+        # The most the cache held, by the model's own drain: the model's size is at least that.
+        held, peak = start_fill, start_fill
+        for start, end, bps, _pace in rows:
+            held = max(0.0, held + bps * (end - start) - (recovery or 0.0) * (end - start))
+            peak = max(peak, held)
+        if peak > (model.cache_size or 0.0):
+            model.cache_size = peak
+        fill = held if end_fill is None else end_fill
+        model.set_fill(fill, ended)
+    elif rows and all(r[3] <= 0 for r in rows):
+        # Only an unpaced write says the drive takes this much without a cliff: a paced one
+        # may have stayed below the rate at which the cache drains.
+        model.cliff_free = max(model.cliff_free, float(total))
+    model.save()
+    return cliff

@@ -1,0 +1,179 @@
+"""The drive emulator: its cache model (clock-free), and the real throttle (root only)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flashstream.emulation import CacheModel, DriveSettings, profile_settings, throttle_support
+from flashstream.emulation.cgroup import PREFIX, V1_ROOT, V2_ROOT
+
+MiB = 1 << 20
+
+
+def test_model_fills_drains_and_enters_the_cliff():
+    s = DriveSettings(cache_size=100 * MiB, post_cache_rate=10 * MiB, fast_rate=100 * MiB)
+    model = CacheModel(s)
+    assert model.write_limit() == 100 * MiB and model.read_limit() == 0
+    # Writing 50 MiB/s for 1 s while folding 10 MiB/s: 40 MiB in the cache.
+    for _ in range(100):
+        model.step(0.5 * MiB, 0.01)
+    assert model.state.fill == pytest.approx(40 * MiB, rel=1e-6)
+    assert not model.state.cliff
+    model.step(200 * MiB, 0.01)  # more than the room left: full, in the cliff
+    assert model.state.fill == s.cache_size and model.state.cliff
+    assert model.write_limit() == s.post_cache_rate
+    # Writing at the post-cache rate keeps it full and in the cliff.
+    for _ in range(100):
+        model.step(0.1 * MiB, 0.01)
+    assert model.state.cliff
+    # Idle: folding frees the hysteresis, and the drive leaves the cliff.
+    seconds = s.hysteresis / s.drain_rate
+    model.step(0, seconds * 1.01)
+    assert not model.state.cliff
+
+
+def test_model_tapers_the_write_limit_near_full():
+    s = DriveSettings(cache_size=100 * MiB, post_cache_rate=10 * MiB, fast_rate=1000 * MiB)
+    model = CacheModel(s, horizon=0.05)
+    model.step(99 * MiB, 0.0)
+    # 1 MiB of room over the next 0.05 s: 20 MiB/s, not the fast rate.
+    assert model.write_limit() == pytest.approx(20 * MiB)
+
+
+def test_profiles_scale_to_the_drive_and_check_settings():
+    s = profile_settings("plc", 1e9)
+    assert s.fast_rate == pytest.approx(0.9e9)
+    assert s.post_cache_rate == pytest.approx(0.9e9 * 0.8 / 3.2)
+    assert s.cache_size == int(1.25 * 0.9e9)
+    assert profile_settings("qlc", 1e9, cache_size="1GiB").cache_size == 1 << 30
+    with pytest.raises(ValueError, match="plc, qlc"):
+        profile_settings("tlc", 1e9)
+    with pytest.raises(ValueError, match="allowed"):
+        profile_settings("plc", 1e9, bogus=1)
+    with pytest.raises(ValueError, match="drain_rate"):
+        DriveSettings(cache_size="1GiB", post_cache_rate="100MB", drain_rate="200MB")
+
+
+needs_throttle = pytest.mark.skipif(
+    throttle_support() is None, reason="needs root and a cgroup block-I/O controller")
+
+
+def _groups():
+    root = V1_ROOT if throttle_support() == "v1" else V2_ROOT
+    return sorted(p.name for p in root.glob(f"{PREFIX}*"))
+
+
+def _timed_direct_write(path, nbytes, block=4 * MiB):
+    """Seconds to write nbytes with O_DIRECT (page-aligned buffer from mmap)."""
+    import mmap
+
+    buf = mmap.mmap(-1, block)
+    buf.write(os.urandom(block))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    try:
+        t = time.perf_counter()
+        for off in range(0, nbytes, block):
+            os.pwritev(fd, [buf], off)
+        os.fdatasync(fd)
+        return time.perf_counter() - t
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+@needs_throttle
+def test_a_write_runs_at_the_post_cache_rate_once_the_cache_is_full(tmp_path):
+    from flashstream.emulation import DriveEmulator
+
+    s = DriveSettings(cache_size=32 * MiB, post_cache_rate=40e6, fast_rate=400e6)
+    before = _groups()
+    with DriveEmulator(tmp_path, s) as emu:
+        emu.add_thread()
+        _timed_direct_write(tmp_path / "fill", 96 * MiB)  # fills the cache: in the cliff
+        seconds = _timed_direct_write(tmp_path / "cliff", 48 * MiB)
+        summary = emu.summary()
+    rate = 48 * MiB / seconds
+    # The throttle, not the drive, sets the pace: within 25% of 40 MB/s (the kernel's slices).
+    assert 0.75 * 40e6 < rate < 1.25 * 40e6, rate
+    assert summary["cliff_seconds"] > 0.5
+    assert _groups() == before  # the group is gone, the thread is back
+
+
+@needs_throttle
+def test_the_group_is_removed_after_a_failing_run(tmp_path):
+    from flashstream.emulation import DriveEmulator
+
+    s = DriveSettings(cache_size=32 * MiB, post_cache_rate=40e6)
+    before = _groups()
+    with pytest.raises(RuntimeError, match="boom"), DriveEmulator(tmp_path, s) as emu:
+        emu.add_process()
+        assert len(_groups()) == len(before) + 1
+        raise RuntimeError("boom")
+    assert _groups() == before
+    own = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    assert PREFIX not in own
+
+
+@needs_throttle
+def test_run_places_a_command_under_the_emulator_and_returns_its_status(tmp_path):
+    from flashstream.emulation import DriveEmulator
+
+    s = DriveSettings(cache_size=32 * MiB, post_cache_rate=40e6)
+    with DriveEmulator(tmp_path, s) as emu:
+        status = emu.run([sys.executable, "-c",
+                          "import sys; sys.exit(0 if 'flashstream-emu-' in "
+                          "open('/proc/self/cgroup').read() else 3)"])
+        assert status == 0
+        assert emu.run([sys.executable, "-c", "raise SystemExit(5)"]) == 5
+
+
+@needs_throttle
+def test_a_killed_emulator_leaves_nothing_behind(tmp_path):
+    """A group whose owner died (SIGKILL: no cleanup ran) is removed by the next emulator."""
+    code = ("import time, sys; from flashstream.emulation import DriveEmulator, DriveSettings;"
+            f"e = DriveEmulator({str(tmp_path)!r}, DriveSettings(cache_size='32MiB', "
+            "post_cache_rate='40MB')).start(); print('up', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    proc.kill()
+    proc.wait()
+    from flashstream.emulation import DriveEmulator
+
+    stale = [g for g in _groups() if g.startswith(f"{PREFIX}{proc.pid}-")]
+    assert stale
+    with DriveEmulator(tmp_path, DriveSettings(cache_size=32 * MiB, post_cache_rate=40e6)):
+        assert not [g for g in _groups() if g.startswith(f"{PREFIX}{proc.pid}-")]
+
+
+def test_without_a_throttle_it_raises_a_clear_error(tmp_path, monkeypatch):
+    from flashstream.emulation import cgroup
+
+    monkeypatch.setattr(cgroup, "throttle_support", lambda *a, **k: None)
+    with pytest.raises(cgroup.ThrottleUnavailable, match="needs root"):
+        cgroup.ThrottleGroup("254:0")
+
+
+def test_v2_limits_are_written_as_io_max(tmp_path):
+    """cgroup v2's file protocol, against a fake cgroupfs (this machine runs v1)."""
+    from flashstream.emulation.cgroup import ThrottleGroup
+
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu io memory\n")
+    (root / "cgroup.subtree_control").write_text("")
+    group = ThrottleGroup("259:0", v1_root=tmp_path / "none", v2_root=root)
+    assert group.version == "v2"
+    group.set_limits(0, 100e6)
+    assert (group.path / "io.max").read_text() == "259:0 rbps=max wbps=100000000"
+    group.set_limits(5e6, 0)
+    assert (group.path / "io.max").read_text() == "259:0 rbps=5000000 wbps=max"
+    for f in group.path.iterdir():
+        f.unlink()
+    group.remove()
+    assert not group.path.exists()
