@@ -762,8 +762,9 @@ NB_MODULE(_core, m) {
            nb::arg("crc_bounds").none() = nb::none(), nb::arg("interval") = 0.05,
            nb::arg("control").none() = nb::none(),
            "Write a contiguous buffer at `offset` (blocks, GIL released; the buffer must not "
-           "change meanwhile); a RateControl `control` alone sets the pace. Returns a dict (bytes, seconds, requests, counts, min_ns, max_ns, "
-           "sum_ns, paused, timeline, peak, sustained, final_rate, crcs, engine, direct).")
+           "change meanwhile); a RateControl `control` alone sets the pace. Returns a dict "
+           "(bytes, seconds, requests, counts, min_ns, max_ns, sum_ns, paused, timeline, peak, "
+           "sustained, final_rate, crcs, engine, direct).")
       .def("commit", &PyOutputFile::commit, nb::arg("size"),
            "Truncate to `size`, fdatasync, close; returns the seconds the sync took.")
       .def("close", &PyOutputFile::close)

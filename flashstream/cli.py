@@ -44,12 +44,12 @@ def cmd_device(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Measure the drive behind a directory (cached per device; --refresh measures again)."""
-    config = ProbeConfig(size=args.size, sustained=args.sustained or 0, seconds=args.seconds)
+    # --sustained is measured once, by the write model's learning below (not also by the grid).
+    config = ProbeConfig(size=args.size, seconds=args.seconds)
     with tqdm(desc="probe", bar_format="{desc}: {elapsed} {postfix}",
               disable=args.json or not sys.stderr.isatty()) as bar:
         result = probe(args.path, config=config, engine_kind=args.engine, refresh=args.refresh,
                        progress=lambda step: bar.set_postfix_str(step))
-    model = None
     if args.sustained:
         from .telemetry.write_model import learn_sustained
 

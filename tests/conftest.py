@@ -19,6 +19,15 @@ from flashstream.stream.index import CACHE_ENV  # noqa: E402
 # processes inherit it).
 os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="flashstream-index-cache-")
 
+
+
+@pytest.fixture(autouse=True)
+def own_drive_caches(tmp_path, monkeypatch):
+    """Probe results and drive write models (under XDG_CACHE_HOME) are per test: a test never
+    reads nor teaches the user's, and rate="auto" saves start from an unknown drive."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
 ENGINES = ["uring", "threads", "python"]
 PEER_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "peer-data" / "webdataset"
 

@@ -291,3 +291,18 @@ def test_bad_advice_setting(indexes):
 def test_bad_mmap_setting(indexes):
     with pytest.raises(ValueError, match="IO_FLAG_MMAP_IFC, IO_FLAG_MMAP"):
         IndexReader(indexes["flat"], mmap="yes")
+
+
+def test_searches_are_live_read_latencies_for_write_pacing(indexes, queries):
+    """CheckpointWriter(read_slo=) sees an open IndexReader's searches (the p95 of those made
+    since its last look), and nothing once none were made."""
+    from flashstream.telemetry.read_latency import ReadLatencyMonitor
+
+    with IndexReader(indexes["flat"]) as reader:
+        monitor = ReadLatencyMonitor(None)
+        for q in queries[:20]:
+            reader.search(q[None, :], 5)
+        p95 = monitor.p95()
+        assert p95 is not None and 0 < p95 < 10
+        assert p95 <= reader.latency().percentile(100) / 1e9 * 1.5
+        assert monitor.p95() is None  # no search since

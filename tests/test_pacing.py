@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 
 import numpy as np
@@ -22,12 +23,6 @@ from flashstream.telemetry.write_model import (
 )
 
 MiB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def own_model_cache(tmp_path, monkeypatch):
-    """Each test learns its own drive model (they live under XDG_CACHE_HOME)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def _run(planner: CachePlanner, drive_rate: float, dt: float = 0.05, limit: float = 120.0):
@@ -132,7 +127,6 @@ def test_rate_control_steers_a_write_while_it_runs(tmp_path, kind):
                              direct=False)
     control = engine.RateControl()
     control.rate = 8 * MiB  # 3 s at this pace ...
-    import threading
 
     def speed_up():
         time.sleep(0.3)

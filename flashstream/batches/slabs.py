@@ -35,6 +35,7 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import psutil
 
 __all__ = ["HEADER", "Lease", "Slab", "SlabPool", "forget_received", "map_received", "pool",
            "received_lease"]
@@ -193,16 +194,6 @@ _received: Dict[Key, Tuple[mmap.mmap, int]] = {}  # key -> (mapping, owner pid)
 _received_lock = threading.Lock()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def map_received(fd_source: Any, size: int, key: Key, owner: int,
                  dropped: Sequence[int] = ()) -> mmap.mmap:
     """This process's mapping of slab ``key`` (``size`` bytes) of the pool in process
@@ -243,7 +234,7 @@ def forget_received(keys: Sequence[Key]) -> None:
 
 def _forget_dead() -> None:
     """A new pool: drop the mappings of pools whose process has exited."""
-    for key in [k for k, (_m, owner) in _received.items() if not _alive(owner)]:
+    for key in [k for k, (_m, owner) in _received.items() if not psutil.pid_exists(owner)]:
         del _received[key]  # unmapped once no tensor views it
 
 

@@ -26,13 +26,13 @@ import logging
 import math
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Optional
 
 from .. import engine
-from ..telemetry.write_model import WriteModel
+from ..telemetry.read_latency import ReadLatencyMonitor
+from ..telemetry.write_model import WriteModel, drained
 
-__all__ = ["DEADLINE_POLICIES", "CachePlanner", "PlanSettings", "ReadLatencyMonitor",
-           "SaveController", "plan_save"]
+__all__ = ["DEADLINE_POLICIES", "CachePlanner", "PlanSettings", "SaveController", "plan_save"]
 
 log = logging.getLogger(__name__)
 DEADLINE_POLICIES = ("avoid-cliff", "meet-deadline")
@@ -80,8 +80,8 @@ class CachePlanner:
 
     def advance(self, done: float, elapsed: float) -> None:
         """The write has completed ``done`` bytes after ``elapsed`` seconds."""
-        dt = max(0.0, elapsed - self.elapsed)
-        self.fill = max(0.0, self.fill + (done - self.done) - self.recovery * dt)
+        self.fill = drained(self.fill + (done - self.done), self.recovery,
+                            elapsed - self.elapsed)
         self.done, self.elapsed = done, elapsed
 
     def saturate(self, observed_rate: float) -> None:
@@ -125,66 +125,6 @@ class CachePlanner:
         if self.settings.deadline_policy == "meet-deadline":
             return 0.0 if not math.isfinite(needed) else needed
         return asap
-
-
-class ReadLatencyMonitor:
-    """p95 of reads on the drive over the last window, for ``read_slo``.
-
-    Live latency histograms registered by this process's readers (``IndexReader`` registers
-    itself) are preferred; without any, /proc/diskstats' mean read time per request on the
-    drive stands in for the p95 (it sees every reader on the drive but only their mean).
-    """
-
-    _sources: List[Callable[[], object]] = []
-    _lock = threading.Lock()
-
-    @classmethod
-    def register(cls, latency: Callable[[], object]) -> None:
-        """``latency()`` returns a cumulative LatencyHistogram (or None once closed)."""
-        with cls._lock:
-            cls._sources.append(latency)
-
-    @classmethod
-    def unregister(cls, latency: Callable[[], object]) -> None:
-        with cls._lock:
-            if latency in cls._sources:
-                cls._sources.remove(latency)
-
-    def __init__(self, disk: Optional[str]) -> None:
-        self.disk = disk
-        self._last_hist = self._histogram()
-        self._last_disk = self._disk()
-
-    def _histogram(self):
-        from ..telemetry.histogram import LatencyHistogram
-
-        with self._lock:
-            sources = list(self._sources)
-        hists = [h for h in (source() for source in sources) if h is not None]
-        return LatencyHistogram.merged(hists) if hists else None
-
-    def _disk(self):
-        from ..telemetry.diskstats import disk_counters
-
-        counters = disk_counters(self.disk)
-        return None if counters is None else (counters.read_count, counters.read_time)
-
-    def p95(self) -> Optional[float]:
-        """Seconds; None when no read completed since the last call."""
-        hist, disk = self._histogram(), self._disk()
-        value = None
-        if hist is not None and self._last_hist is not None:
-            counts = [a - b for a, b in zip(hist.counts, self._last_hist.counts)]
-            if sum(counts) > 0:
-                from ..telemetry.histogram import LatencyHistogram
-
-                ns = LatencyHistogram(counts).percentile(95)
-                value = None if ns is None else ns / 1e9
-        elif disk is not None and self._last_disk is not None:
-            reads, ms = disk[0] - self._last_disk[0], disk[1] - self._last_disk[1]
-            value = ms / 1e3 / reads if reads > 0 else None
-        self._last_hist, self._last_disk = hist, disk
-        return value
 
 
 class SaveController:

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import psutil
+
 __all__ = ["ThrottleGroup", "ThrottleUnavailable", "throttle_support"]
 
 PREFIX = "flashstream-emu-"
@@ -44,16 +46,6 @@ def throttle_support(v1_root: Path = V1_ROOT, v2_root: Path = V2_ROOT) -> Option
 def _write(path: Path, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ids(path: Path) -> List[int]:
@@ -175,6 +167,6 @@ def remove_stale(root: Path, version: str) -> None:
             owner = int(group.name[len(PREFIX):].split("-")[0])
         except ValueError:
             continue
-        if owner != os.getpid() and not _pid_alive(owner):
+        if owner != os.getpid() and not psutil.pid_exists(owner):
             with contextlib.suppress(OSError):
                 _evacuate(group, root, version)

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from ..sizes import Size
 from ..telemetry.device import device_of
+from ..telemetry.write_model import drive_write_rate
 from .cgroup import ThrottleGroup
 from .model import CacheModel, DriveSettings, profile_settings
 
@@ -80,8 +81,6 @@ class DriveEmulator:
         self.device = Path(f"/sys/block/{info.name}/dev").read_text().strip()
         if settings is None:
             if write_rate is None:
-                from ..telemetry.write_model import drive_write_rate
-
                 write_rate = drive_write_rate(path)
             settings = profile_settings(profile, write_rate, **overrides)
         elif overrides:
@@ -199,8 +198,8 @@ class DriveEmulator:
     def summary(self) -> Dict[str, object]:
         """Seconds in the cliff, bytes written and read, the largest fill, the settings."""
         points = self.timeline
-        widths = [b.seconds - a.seconds for a, b in zip([None] + points[:-1], points) if a]
-        widths = [points[0].seconds] + widths if points else []
+        starts = [0.0] + [p.seconds for p in points[:-1]]
+        widths = [p.seconds - start for p, start in zip(points, starts)]
         return {
             "settings": self.settings.to_dict(), "device": self.device, "disk": self.disk,
             "seconds": points[-1].seconds if points else 0.0,

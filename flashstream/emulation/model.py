@@ -22,6 +22,7 @@ import math
 from typing import Dict, Optional
 
 from ..sizes import Size, format_size, parse_size
+from ..telemetry.write_model import drained
 
 __all__ = ["CacheModel", "CacheState", "DriveSettings", "PROFILES", "profile_settings"]
 
@@ -145,7 +146,7 @@ class CacheModel:
 
     def step(self, written: float, seconds: float) -> CacheState:
         s, st = self.settings, self.state
-        st.fill = min(float(s.cache_size), max(0.0, st.fill + written - s.drain_rate * seconds))
+        st.fill = min(float(s.cache_size), drained(st.fill + written, s.drain_rate, seconds))
         if not st.cliff and st.fill >= s.cache_size * 0.999:
             st.cliff = True
         elif st.cliff and st.fill <= s.cache_size - s.hysteresis:

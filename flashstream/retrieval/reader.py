@@ -22,6 +22,7 @@ import numpy as np
 from .. import cache, engine
 from ..errors import IndexFormatError
 from ..telemetry.histogram import LatencyHistogram
+from ..telemetry.read_latency import register_reader
 from .kinds import IndexKind, kind_of
 from .mapping import ADVICE, FileMapping, advise, drop_pages, mappings_of
 
@@ -174,6 +175,7 @@ class IndexReader:
         self.mmap = mmap
         self.advice = advice
         self._recorder = engine.LatencyRecorder()
+        register_reader(self)  # its searches count toward CheckpointWriter(read_slo=)
         self._lock = threading.Lock()  # refresh/close against each other
         self._served: Optional[_Served] = _Served(self.path, self.mmap, self.advice)
         self._nprobe: Optional[int] = None

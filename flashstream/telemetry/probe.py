@@ -215,12 +215,17 @@ def _rates(timeline) -> Tuple[Tuple[float, float], ...]:
     return tuple(out)
 
 
+def device_ident(device: Dict[str, object]) -> str:
+    """A file-name-safe name of a device (its DeviceInfo dict): name, serial and number."""
+    ident = "-".join(str(device.get(k) or "x") for k in ("name", "serial", "dev"))
+    return ident.replace("/", "_").replace(":", ".")
+
+
 def _cache_file(cache_dir: Path, device: Dict[str, object], config: ProbeConfig,
                 kind: str) -> Path:
     """One cache entry per device, engine and probe configuration (a stable digest)."""
-    ident = "-".join(str(device.get(k) or "x") for k in ("name", "serial", "dev")) + f"-{kind}"
     digest = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True).encode())
-    return cache_dir / f"{ident.replace('/', '_').replace(':', '.')}-{digest.hexdigest()[:10]}.json"
+    return cache_dir / f"{device_ident(device)}-{kind}-{digest.hexdigest()[:10]}.json"
 
 
 def default_cache_dir() -> Path:

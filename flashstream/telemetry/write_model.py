@@ -24,13 +24,20 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from ..sizes import Size, format_size, parse_size
 from .device import device_of
+from .probe import default_cache_dir, device_ident, measure
 
-__all__ = ["Cliff", "WriteModel", "drive_write_rate", "find_cliff", "learn_from_save",
-           "learn_sustained", "load_model", "model_path", "new_file_write"]
+__all__ = ["Cliff", "WriteModel", "drained", "drive_write_rate", "find_cliff",
+           "learn_from_save", "learn_sustained", "load_model", "model_path", "new_file_write"]
 
 MODEL_VERSION = 1
 # (end of interval s, bytes completed in it, pacing rate in force, 0 = unpaced)
 Timeline = Sequence[Tuple[float, float, float]]
+
+
+def drained(fill: float, rate: float, seconds: float) -> float:
+    """Bytes left in a write cache holding ``fill`` after folding at ``rate`` for
+    ``seconds`` (the one arithmetic the model, the planner and the emulator share)."""
+    return max(0.0, fill - rate * max(0.0, seconds))
 
 
 @dataclasses.dataclass
@@ -64,8 +71,8 @@ class WriteModel:
         at the recovery rate since."""
         if not self.has_cliff or not self.fill:
             return 0.0
-        idle = max(0.0, (time.time() if when is None else when) - self.fill_time)
-        return max(0.0, self.fill - (self.recovery_rate or 0.0) * idle)
+        now = time.time() if when is None else when
+        return drained(self.fill, self.recovery_rate or 0.0, now - self.fill_time)
 
     def set_fill(self, fill: float, when: Optional[float] = None) -> None:
         cap = self.cache_size if self.cache_size is not None else fill
@@ -104,21 +111,10 @@ class WriteModel:
         return "\n".join(lines)
 
 
-def _cache_dir() -> Path:
-    from .probe import default_cache_dir
-
-    return default_cache_dir()
-
-
-def _ident(path: Union[str, os.PathLike]) -> str:
-    info = device_of(path, health=False).to_dict()
-    ident = "-".join(str(info.get(k) or "x") for k in ("name", "serial", "dev"))
-    return ident.replace("/", "_").replace(":", ".")
-
-
 def model_path(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> Path:
     """Where the write model of the drive that holds ``path`` is kept."""
-    return Path(cache_dir or _cache_dir()) / f"write-model-{_ident(path)}.json"
+    ident = device_ident(device_of(path, health=False).to_dict())
+    return Path(cache_dir or default_cache_dir()) / f"write-model-{ident}.json"
 
 
 def load_model(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> WriteModel:
@@ -141,8 +137,6 @@ def new_file_write(directory: Union[str, os.PathLike], size: Size, *, block_size
                    queue_depth: int = 8, interval: float = 0.05, seconds: float = 0.0):
     """One sequential O_DIRECT write of a new, preallocated file of ``size`` bytes (as a
     checkpoint writes), timed to its end fsync; returns the probe's ProbePoint."""
-    from .probe import measure
-
     nbytes = parse_size(size, name="size")
     fd, name = tempfile.mkstemp(prefix=".flashstream-write-", dir=directory)
     try:
@@ -339,7 +333,7 @@ def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
         # The most the cache held, by the model's own drain: the model's size is at least that.
         held, peak = start_fill, start_fill
         for start, end, bps, _pace in rows:
-            held = max(0.0, held + bps * (end - start) - (recovery or 0.0) * (end - start))
+            held = drained(held + bps * (end - start), recovery or 0.0, end - start)
             peak = max(peak, held)
         if peak > (model.cache_size or 0.0):
             model.cache_size = peak
