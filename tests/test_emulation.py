@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 from flashstream.emulation import CacheModel, DriveSettings, profile_settings, throttle_support
 from flashstream.emulation.cgroup import PREFIX, V1_ROOT, V2_ROOT
@@ -139,7 +140,9 @@ def test_a_killed_emulator_leaves_nothing_behind(tmp_path):
     code = ("import time, sys; from flashstream.emulation import DriveEmulator, DriveSettings;"
             f"e = DriveEmulator({str(tmp_path)!r}, DriveSettings(cache_size='32MiB', "
             "post_cache_rate='40MB')).start(); print('up', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    # The child imports the flashstream these tests import (not the source tree's, unbuilt).
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=child_env(), cwd=tmp_path)
     assert proc.stdout.readline().strip() == "up"
     proc.kill()
     proc.wait()
