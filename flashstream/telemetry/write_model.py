@@ -210,12 +210,40 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
                 # before it (they were past the throttle, or in its cache): leave them out.
                 free = [r for r in rows[i + run:] if r[3] <= 0 or r[3] > 1.2 * r[2]]
                 before = [r for r in rows[:i] if r[3] <= 0]
+                start, done = _refined(rows, i, run, start, done)
                 return Cliff(start, done, _mean_rate(free) if len(free) >= run else None,
                              _mean_rate(before) if before else None)
         if i + 1 >= smooth:
             peak = max(peak, statistics.fmean(r[2] for r in rows[i + 1 - smooth:i + 1]))
         done += bps * (rows[i][1] - start)
     return None
+
+
+def _refined(rows, i: int, run: int, start: float, done: float) -> Tuple[float, float]:
+    """Where the cliff really began: the meeting point of two straight lines fitted to the
+    bytes completed over time, one before the first low interval ``i`` and one after the next
+    ``run`` (the hold). A chance dip just before the cliff, or one slow interval too few, then
+    moves the estimate by less than an interval instead of by the dip's distance (10% of a
+    small cache). Falls back to ``(start, done)`` where either side is too short or the lines
+    do not meet near ``i``."""
+    points, total = [(0.0, 0.0)], 0.0
+    for s, e, bps, _pace in rows:
+        total += bps * (e - s)
+        points.append((e, total))
+    before, after = points[:i + 1], points[i + 1 + run:]
+    if len(before) < 3 or len(after) < 3:
+        after = points[i + 2:]  # a short write past its cliff: all of it but its first interval
+        if len(before) < 3 or len(after) < 3:
+            return start, done
+    fast = statistics.linear_regression(*zip(*before))
+    slow = statistics.linear_regression(*zip(*after))
+    if fast.slope <= slow.slope:
+        return start, done
+    meet = (slow.intercept - fast.intercept) / (fast.slope - slow.slope)
+    width = rows[min(i + run, len(rows) - 1)][1] - rows[i][0]
+    if not start - width <= meet <= start + width:
+        return start, done
+    return meet, fast.intercept + fast.slope * meet
 
 
 def _mean_rate(rows) -> float:
