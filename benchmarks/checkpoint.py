@@ -4,6 +4,7 @@
     python benchmarks/checkpoint.py         # a 2 GiB state dict into bench-data/checkpoint
     python benchmarks/checkpoint.py --dir /mnt/plc/ckpt --size 8GiB --reader
     python benchmarks/checkpoint.py --writers unpaced,fixed --rate 1GB --saves 5
+    python benchmarks/checkpoint.py --emulate plc   # on an emulated SLC-cache drive (root)
 
 The same generated state dict (Linear layers plus a real Adam state) is saved --saves times by
 each writer, the tensors changed between saves as a training step would. Per writer: the
@@ -13,6 +14,10 @@ others), the end-to-end write GB/s and its ratio to fio's sequential write of th
 --reader the p95 request latency of cold ShardStream epochs run beside one more save, against
 their idle p95. A table and the targets go to stdout, everything to JSON, and write GB/s over
 time per writer to a PNG.
+
+--emulate plc|qlc runs a different benchmark (benchmarks/_emulated.py): the drive throttled
+into an SLC-cache drive, repeated saves larger than its cache with deadlines, an open-loop
+reader beside them, for unpaced, fixed, auto and auto + read_slo writers.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
+import _emulated  # noqa: E402
 import _plot  # noqa: E402
 import _savers  # noqa: E402
 
@@ -280,7 +286,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, default=Path("bench-data/checkpoint"),
                    help="where the checkpoints go (on the drive under test)")
-    p.add_argument("--size", default="2GiB", help="tensor bytes of the state dict")
+    p.add_argument("--size", default=None,
+                   help="tensor bytes of the state dict (default 2GiB; with --emulate 1.5 x "
+                        "the emulated cache)")
     p.add_argument("--saves", type=int, default=3,
                    help="saves per writer; the first one is reported apart (default 3)")
     p.add_argument("--writers", default=",".join(WRITERS),
@@ -311,19 +319,50 @@ def parse_args(argv=None):
                         "attach its write figures to every SaveReport (default: on)")
     p.add_argument("--probe-size", default="1GiB", help="the probe's temporary file size")
     p.add_argument("--no-fio", action="store_true", help="leave out fio's sequential write")
-    p.add_argument("--json", type=Path, default=Path("bench-results/checkpoint.json"))
+    emulated = p.add_argument_group("--emulate (an emulated SLC-cache drive; needs root)")
+    emulated.add_argument("--emulate", choices=("plc", "qlc"), default=None,
+                          help="run the emulated-drive benchmark with this profile")
+    emulated.add_argument("--cache-size", default=None,
+                          help="the emulated cache (default: the profile's, scaled)")
+    emulated.add_argument("--gap", type=float, default=None,
+                          help="seconds between saves (default: saves average 85%% of the "
+                               "cache's drain rate)")
+    emulated.add_argument("--within", type=float, default=None,
+                          help="each save's deadline after it is due (default: half the gap)")
+    emulated.add_argument("--modes", default=",".join(_emulated.MODES),
+                          help=f"writers, from {', '.join(_emulated.MODES)}")
+    emulated.add_argument("--reader-rate", type=float, default=250.0,
+                          help="the open-loop reader's reads per second")
+    emulated.add_argument("--reader-block", default="128KiB", help="bytes per read")
+    emulated.add_argument("--reader-file-size", default="1GiB",
+                          help="the file the reader reads at random")
+    p.add_argument("--json", type=Path, default=None,
+                   help="default: bench-results/checkpoint.json "
+                        "(checkpoint-emulated-plc.json with --emulate plc)")
     p.add_argument("--plot", type=Path, default=None,
                    help="PNG of write GB/s over time per writer (default: beside the JSON)")
     args = p.parse_args(argv)
     if args.saves < 1:
         p.error("--saves must be at least 1")
+    name = f"checkpoint-emulated-{args.emulate}" if args.emulate else "checkpoint"
+    args.json = args.json or Path(f"bench-results/{name}.json")
+    if args.emulate:
+        args.emulate_size = args.size
+        args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        unknown = set(args.modes) - set(_emulated.MODES)
+        if unknown or not args.modes:
+            p.error(f"unknown mode(s) {sorted(unknown)}; choose from {', '.join(_emulated.MODES)}")
+        args.chunk_size = parse_size(args.chunk_size, name="--chunk-size")
+        args.rate = float(parse_size(args.rate, name="--rate")) if args.rate else None
+        args.plot = args.plot or args.json.with_suffix(".png")
+        return args
     args.writers = [w.strip() for w in args.writers.split(",") if w.strip()]
     unknown = set(args.writers) - set(WRITERS)
     if unknown or not args.writers:
         p.error(f"unknown writer(s) {sorted(unknown)}; choose from {', '.join(WRITERS)}")
     if "fixed" in args.writers and args.rate is None and "unpaced" not in args.writers:
         p.error("the fixed writer needs --rate when the unpaced writer does not run")
-    args.size = parse_size(args.size, name="--size")
+    args.size = parse_size(args.size or "2GiB", name="--size")
     args.rate = float(parse_size(args.rate, name="--rate")) if args.rate else None
     args.plot = args.plot or args.json.with_suffix(".png")
     return args
@@ -362,6 +401,8 @@ def _anon_huge_bytes() -> Optional[int]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
+    if args.emulate:
+        return _emulated.run(args)
     info = _bench.environment(args.dir)
     if info["fio"] is None and not args.no_fio:
         print("fio is not installed: no drive baseline (apt-get install -y fio)", file=sys.stderr)

@@ -63,7 +63,8 @@ def parse_rate(rate: Rate) -> Union[None, float, str]:
 class WriterConfig:
     """rate: None (as fast as the drive takes it), bytes/s, or "auto" (see AdaptiveSettings).
     within: spread each write over this many seconds (a completion target; with a rate, the
-        slower of the two applies).
+        slower of the two applies). With rate="auto" it is the save's deadline, counted from
+        the save() call to the committed checkpoint.
     keep: complete checkpoints to keep (None: all); older ones are removed after each commit.
     if_busy: what save() does while the previous save is still writing: "wait" or "skip".
     chunk_size, queue_depth: write request size and requests in flight.

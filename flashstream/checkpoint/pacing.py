@@ -5,10 +5,13 @@ bytes in the drive's write cache: what the model remembered from the last save, 
 recovery rate since, plus every byte this save writes, less what the drive folds meanwhile.
 
 - With a deadline (``within=``), it paces at the flattest rate that finishes in time:
-  ``remaining / time left``. If writing that way fills the cache past ``headroom`` of its size
-  before the end, no cliff-free schedule meets the deadline (a flat one fills the cache
-  least); then ``deadline_policy`` says what to do: "avoid-cliff" (default) writes as fast as
-  the cache allows and finishes late, "meet-deadline" keeps the flat rate and enters the cliff.
+  ``remaining / time left`` (of all schedules, the one that fills the cache least and leaves
+  reads the most of the drive at every moment). If that fills the cache past ``headroom`` of
+  its size before the end, it writes unpaced while the headroom lasts, then at the sustained
+  rate: the soonest cliff-free finish. Only if that too ends after the deadline is there a
+  conflict (a warning, once); then ``deadline_policy`` says what to do: "avoid-cliff"
+  (default) keeps that schedule and finishes late, "meet-deadline" writes flat at the needed
+  rate and enters the cliff.
 - Without one, it writes unpaced while the estimated headroom lasts, then at ``sustain`` x
   the recovery rate, which the cache absorbs indefinitely.
 - ``read_slo`` (a p95 in seconds for reads on the same drive) lowers the rate while reads miss
@@ -65,8 +68,9 @@ class CachePlanner:
 
     def __init__(self, *, total: int, cache_size: float, recovery_rate: float, fill: float = 0.0,
                  deadline: Optional[float] = None, settings: PlanSettings = PlanSettings(),
-                 lead: float = 0.0) -> None:
+                 lead: float = 0.0, fast_rate: Optional[float] = None) -> None:
         self.total, self.cache_size, self.recovery = total, cache_size, recovery_rate
+        self.fast_rate = fast_rate  # bytes/s of an unpaced write (None: not known)
         self.fill, self.deadline, self.settings = fill, deadline, settings
         self.lead = lead  # bytes in flight: the estimate lags the drive by that much
         self.done = 0.0
@@ -121,10 +125,34 @@ class CachePlanner:
                                       or end_fill <= self.limit):
             self.conflict = False
             return needed
-        self.conflict = True
+        # No flat pace is cliff-free; writing fast while the headroom lasts, then at the
+        # sustained rate, finishes soonest without the cliff: no conflict if that is in time.
+        self.conflict = self._headroom_first_finish() > self._time_left()
+        if not self.conflict:
+            return asap
         if self.settings.deadline_policy == "meet-deadline":
             return 0.0 if not math.isfinite(needed) else needed
         return asap
+
+
+    def _time_left(self) -> float:
+        if self.deadline is None:
+            return math.inf
+        return self.deadline * self.settings.finish - self.elapsed
+
+    def _headroom_first_finish(self) -> float:
+        """Seconds to write the rest unpaced (at ``fast_rate``) while the headroom lasts,
+        then at ``sustain`` x the recovery rate."""
+        remaining = max(0.0, self.total - self.done)
+        sustained = self.settings.sustain * self.recovery
+        room = max(0.0, self.limit - self.fill - self.lead)
+        fast = self.fast_rate if self.fast_rate and self.fast_rate > self.recovery else None
+        if fast is None:
+            return remaining / sustained if sustained > 0 else math.inf
+        burst = room / (fast - self.recovery)  # seconds until the headroom is spent
+        if fast * burst >= remaining:
+            return remaining / fast
+        return burst + (remaining - fast * burst) / sustained if sustained > 0 else math.inf
 
 
 class SaveController:
@@ -182,8 +210,11 @@ class SaveController:
         if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.45:
             return False
         achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
-        paces = [r[2] for r in recent]
-        expected = min(paces) if all(paces) else (self.fast_rate or 0.0)
+        # What the pacing allowed over the window: each tick's pace, or the drive's own rate
+        # where unpaced (a window that went from unpaced to a slow pace is not a cliff).
+        fast = self.fast_rate or 0.0
+        paces = [r[2] if r[2] > 0 else fast for r in recent[1:]]
+        expected = min(paces) if paces and min(paces) > 0 else 0.0
         fill, cache = self.planner.fill, self.planner.cache_size
         if fill >= cache or fill < 0.5 * cache:
             return False  # already counted as full; or too empty for a slowdown to be its cliff
@@ -215,6 +246,7 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
     else:
         return None
     planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
-                           fill=model.fill_at(), deadline=within, settings=settings, lead=lead)
+                           fill=model.fill_at(), deadline=within, settings=settings, lead=lead,
+                           fast_rate=model.fast_rate)
     return SaveController(planner, read_slo=read_slo, disk=disk, min_rate=min_rate,
                           fast_rate=model.fast_rate)

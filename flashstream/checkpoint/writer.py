@@ -35,6 +35,7 @@ from .store import (
     atomic_write_text,
     fsync_dir,
     inspect_step,
+    list_checkpoints,
     prune,
     remove_stale_temporaries,
     write_latest,
@@ -45,6 +46,10 @@ __all__ = ["CheckpointWriter", "SaveHandle"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often rank 0 looks for the other ranks' markers
+_FIRST_TAIL_S = 0.2  # header, sync and commit of a save before one was timed
+# Pruning an older checkpoint before one was timed: unlinking a preallocated 1.3 GB file on
+# ext4 took 0.30-0.34 s here (freeing its extents), so ~0.25 s per GB.
+_FIRST_PRUNE_S_PER_BYTE = 0.25e-9
 
 
 class SaveHandle:
@@ -125,6 +130,11 @@ class CheckpointWriter:
         self.reports: List[SaveReport] = []
         self.skipped = 0
         self._disk_name: Optional[str] = None
+        # Seconds from the last data byte to the save's end (header, sync, commit): with
+        # rate="auto" the data write must leave that much of ``within`` over.
+        self._tail_s = _FIRST_TAIL_S
+        self._prune_s_per_byte = _FIRST_PRUNE_S_PER_BYTE
+        self._prune_s = 0.0  # the last save's pruning (part of its tail, timed apart)
 
     # -- saving ---------------------------------------------------------------------------
 
@@ -163,7 +173,8 @@ class CheckpointWriter:
             layout.forget_sources()
         stall = time.perf_counter() - started - waited
         step_dir = StepDir(self.directory, step)
-        future = self._executor.submit(self._write, layout, step_dir, stall, waited, pending)
+        future = self._executor.submit(self._write, layout, step_dir, stall, waited, pending,
+                                       started)
         handle = SaveHandle(step, future, step_dir.rank_file(self.rank, self.world_size))
         future.add_done_callback(lambda f: self._on_done(f, step))
         self._pending = handle
@@ -185,7 +196,7 @@ class CheckpointWriter:
     # -- the background write ---------------------------------------------------------------
 
     def _write(self, layout: Layout, step_dir: StepDir, stall: float, waited: float,
-               pending: Optional[Any]) -> SaveReport:
+               pending: Optional[Any], called: float) -> SaveReport:
         cfg = self.config
         cow = None
         if pending is not None:  # copy-on-write: the staging copy is still running
@@ -200,7 +211,7 @@ class CheckpointWriter:
         adaptive = dataclasses.asdict(cfg.adaptive) if cfg.rate == "auto" else None
         model = load_model(self.directory) if cfg.rate == "auto" else None
         controller = None if model is None else plan_save(
-            model, total=capacity, within=cfg.within,
+            model, total=capacity, within=self._time_left(called, layout.file_size),
             settings=PlanSettings(deadline_policy=cfg.deadline_policy), read_slo=cfg.read_slo,
             disk=self._disk(), lead=cfg.chunk_size * cfg.queue_depth,
             min_rate=cfg.adaptive.min_rate)
@@ -219,7 +230,7 @@ class CheckpointWriter:
                                  queue_depth=cfg.queue_depth, rate=rate, adaptive=adaptive,
                                  crc_bounds=layout.segment_bounds(), interval=cfg.interval,
                                  control=controller.control if controller else None)
-            ended = time.time()
+            ended, data_end = time.time(), time.perf_counter()
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
             head = out.write(self._staging.view(0, layout.header_size), 0,
@@ -237,17 +248,33 @@ class CheckpointWriter:
                   "rank": self.rank, "world_size": self.world_size,
                   "header_crc32c": f"{engine.crc32c(header):08x}", "time": time.time()}
         atomic_write_text(step_dir.marker(self.rank, self.world_size), json.dumps(marker))
+        self._prune_s = 0.0
         if self.rank == 0:
-            self._finish_step(step_dir)
+            self._finish_step(step_dir, layout.file_size)
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
         if model is not None:
             report.pacing = self._learn(model, controller, data, capacity, start_fill, ended)
+            self._tail_s = time.perf_counter() - data_end - self._prune_s
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
         with self._lock:
             self.reports.append(report)
         return report
+
+    def _time_left(self, called: float, file_size: int) -> Optional[float]:
+        """rate="auto": seconds the data write has to finish by ``within`` (counted from the
+        save() call), less the time already gone and what the save does after its data
+        (header, sync, commit, and removing the oldest checkpoint where ``keep`` will)."""
+        if self.config.within is None:
+            return None
+        tail = self._tail_s
+        keep = self.config.keep
+        if self.rank == 0 and keep is not None and sum(
+                c.complete for c in list_checkpoints(self.directory)) >= keep:
+            tail += self._prune_s_per_byte * file_size
+        left = self.config.within - (time.perf_counter() - called) - tail
+        return max(left, 1e-3)
 
     def _disk(self) -> Optional[str]:
         if self._disk_name is None:
@@ -272,9 +299,10 @@ class CheckpointWriter:
                 "cliffs_seen": controller.cliffs if controller else None,
                 "deadline_conflict": controller.conflicted if controller else None,
                 "slo_misses": controller.slo_misses if controller else None,
-                "deadline_s": self.config.within}
+                "deadline_s": self.config.within,
+                "write_within_s": planner.deadline if planner else None}
 
-    def _finish_step(self, step_dir: StepDir) -> None:
+    def _finish_step(self, step_dir: StepDir, file_size: int) -> None:
         """Rank 0: once every rank's marker is there, point ``latest`` at it and prune."""
         deadline = time.monotonic() + self.config.commit_timeout
         while True:
@@ -288,7 +316,10 @@ class CheckpointWriter:
                                    f"stays incomplete")
             time.sleep(_POLL_S)
         write_latest(self.directory, info)
-        prune(self.directory, self.config.keep)
+        started = time.perf_counter()
+        if prune(self.directory, self.config.keep):
+            self._prune_s = time.perf_counter() - started
+            self._prune_s_per_byte = self._prune_s / max(file_size, 1)
 
     def _report(self, step: int, path: Path, layout: Layout, data: dict, head: dict,
                 stall: float, waited: float, sync_s: float, commit_s: float) -> SaveReport:

@@ -95,6 +95,11 @@ class DriveEmulator:
         self._error: Optional[BaseException] = None
         self._t0 = 0.0
 
+    @property
+    def started(self) -> float:
+        """time.perf_counter() when the emulator started: the timeline's zero."""
+        return self._t0
+
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> DriveEmulator:
         if self.group is not None:

@@ -199,11 +199,12 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
         expected = min(peak, pace) if pace > 0 else peak
         window = rows[i:i + run]
         # The first interval low, and the next `hold` seconds low on average (single short
-        # intervals hold whole requests, so they scatter around the true rate).
+        # intervals hold whole requests, so they scatter around the true rate), each interval
+        # against its own pace: a pacer that slows down is not a cliff.
         if (expected > 0 and len(window) == run and bps < ratio * expected
-                and _mean_rate(window) < ratio * expected):
+                and _mean_rate(window) < ratio * _allowed(window, peak)):
             after = rows[i:]
-            if _mean_rate(after) < ratio * expected:
+            if _mean_rate(after) < ratio * _allowed(after, peak):
                 # Means, not medians: a 50 ms interval holds a few whole requests, so single
                 # intervals' rates are quantized to multiples of request size / width.
                 # The first `hold` seconds in the cliff still complete requests the drive took
@@ -244,6 +245,14 @@ def _refined(rows, i: int, run: int, start: float, done: float) -> Tuple[float, 
     if not start - width <= meet <= start + width:
         return start, done
     return meet, fast.intercept + fast.slope * meet
+
+
+def _allowed(rows, peak: float) -> float:
+    """The mean bytes/s the pacing allowed over ``rows``: each interval's pace, or ``peak``
+    where it was unpaced (or paced above it)."""
+    seconds = sum(r[1] - r[0] for r in rows)
+    allowed = sum((min(peak, r[3]) if r[3] > 0 else peak) * (r[1] - r[0]) for r in rows)
+    return allowed / seconds if seconds > 0 else 0.0
 
 
 def _mean_rate(rows) -> float:
@@ -359,11 +368,14 @@ def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
         model.set_fill(model.cache_size or 0.0, ended)
     elif model.has_cliff:
         # The most the cache held, by the model's own drain: the model's size is at least that.
+        # Only an unpaced save says so: a planned one stays below the size by construction,
+        # and where it did not, its fill estimate (drifting with the drain's error from save
+        # to save) is no evidence of a larger cache.
         held, peak = start_fill, start_fill
         for start, end, bps, _pace in rows:
             held = drained(held + bps * (end - start), recovery or 0.0, end - start)
             peak = max(peak, held)
-        if peak > (model.cache_size or 0.0):
+        if unpaced and len(unpaced) == len(rows) and peak > (model.cache_size or 0.0):
             model.cache_size = peak
         fill = held if end_fill is None else end_fill
         model.set_fill(fill, ended)

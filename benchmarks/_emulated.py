@@ -1,0 +1,328 @@
+"""checkpoint.py --emulate plc|qlc: repeated saves on an emulated dense drive.
+
+The drive under test is throttled into an SLC-cache drive (flashstream.emulation, scaled to
+its own new-file write rate), its write model is learned as a user would
+(``flashstream probe --sustained``) and compared with the emulator's settings, then each
+writer runs the same schedule on a fresh (empty) emulated cache:
+
+- an idle window: only the reader runs (each writer's own baseline);
+- ``--saves`` saves of a state dict larger than the cache (default 1.5x), one due every
+  ``--gap`` seconds (default: so the saves average 85% of the rate the cache drains at), each
+  with its deadline ``--within`` seconds after it is due (default half the gap);
+- an open-loop reader beside it all (250 random 128 KiB O_DIRECT reads/s, latency from each
+  read's scheduled time; benchmarks/_open_loop.py) under the same emulated drive.
+
+Writers: ``unpaced``; ``fixed`` at the drive's post-cache rate, the "sustained write" a spec
+sheet gives (or ``--rate``); ``auto`` (rate="auto", within=the deadline); ``auto+read_slo``
+(the same with read_slo = 1.2 x the idle reader's p95). Per writer: seconds in the cliff (per
+save), each save's completion against its deadline, the reader's p95/p99 against its idle
+window; JSON, a table, the targets, and a plot over time of cache fill, write rate and reader
+latency (benchmarks/_plot_emulated.py).
+
+The model lives in a cache directory of the benchmark's own, so the emulated drive never
+replaces what ``flashstream probe`` learned of the real one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import _bench
+import _open_loop
+import _plot_emulated
+import _savers
+from tqdm import tqdm
+
+from flashstream import CheckpointWriter
+from flashstream.emulation import DriveEmulator, DriveSettings, profile_settings
+from flashstream.sizes import format_size, parse_size
+from flashstream.telemetry import write_model
+
+MODES = ("unpaced", "fixed", "auto", "auto+read_slo")
+IDLE_S = 4.0           # the reader alone before each writer's first save
+WARMUP_S = 0.5         # the reader's first reads (threads starting) are left out
+SAVE_SHARE = 1.5       # default save size: this many times the emulated cache
+DRAIN_SHARE = 0.85     # default gap: saves average this share of the cache's drain rate
+WITHIN_SHARE = 0.5     # default deadline: this share of the gap after a save is due
+SLO_SHARE = 1.2        # auto+read_slo: the SLO is this many times the idle p95
+P95_TARGET = 1.2       # auto's reader p95 at most this many times idle
+MODEL_TOLERANCE = 0.10  # the learned cache size and post-cache rate within this of the settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    save_size: int  # tensor bytes of the state dict
+    gap: float      # seconds between saves' due times
+    within: float   # each save's deadline, seconds after it is due
+    saves: int
+
+    @classmethod
+    def for_drive(cls, settings: DriveSettings, args) -> Schedule:
+        size = int(parse_size(args.emulate_size, name="--size")) if args.emulate_size else int(
+            SAVE_SHARE * settings.cache_size)
+        gap = args.gap or size / (DRAIN_SHARE * settings.drain_rate)
+        return cls(size, gap, args.within or WITHIN_SHARE * gap, args.saves)
+
+
+# -- the run ------------------------------------------------------------------------------------
+def run(args) -> int:
+    root = args.dir / f"emulated-{args.emulate}"
+    root.mkdir(parents=True, exist_ok=True)
+    info = _bench.environment(args.dir)
+    write_rate = write_model.drive_write_rate(args.dir)  # the real drive's (its own cache)
+    # From here on the write model is the emulated drive's: a cache directory of its own.
+    os.environ["XDG_CACHE_HOME"] = str(root / "model-cache")
+    shutil.rmtree(root / "model-cache", ignore_errors=True)
+    overrides = {"cache_size": args.cache_size} if args.cache_size else {}
+    settings = profile_settings(args.emulate, write_rate, **overrides)
+    schedule = Schedule.for_drive(settings, args)
+    _bench.print_header(info)
+    print(f"emulated {args.emulate} drive: {settings.describe()}")
+    print(f"schedule: {args.saves} saves of {format_size(schedule.save_size)} every "
+          f"{schedule.gap:.1f} s, each due done {schedule.within:.1f} s after it is due")
+    with tqdm(desc="building the state dict", total=1, leave=False, disable=None) as bar:
+        state = _savers.TrainingState(schedule.save_size)
+        bar.update(1)
+    learned = learn(args.dir, settings)
+    print(learned["describe"])
+    reader_file = _open_loop.make_file(root / "reader.bin", parse_size(args.reader_file_size))
+    fixed_rate = float(args.rate) if args.rate else settings.post_cache_rate
+    idle_p95: Optional[float] = None
+    modes: Dict[str, Dict[str, object]] = {}
+    for mode in args.modes:
+        slo = None
+        if mode == "auto+read_slo":
+            slo = SLO_SHARE * (idle_p95 or measure_idle(args, settings, reader_file))
+        modes[mode] = run_mode(mode, state, settings, schedule, reader_file, args,
+                               fixed_rate=fixed_rate, read_slo=slo)
+        idle_p95 = idle_p95 or modes[mode]["reader"]["idle"]["p95_s"]
+    table(modes, schedule)
+    verdicts = check_targets(modes, learned)
+    _bench.print_verdicts(verdicts)
+    payload = {"environment": info, "emulated": args.emulate, "settings": settings.to_dict(),
+               "schedule": dataclasses.asdict(schedule), "fixed_rate": fixed_rate,
+               "model": learned, "modes": modes, "targets": verdicts}
+    _bench.write_outputs(payload, args.json, _plot_emulated.plot, args.plot)
+    return 0
+
+
+def learn(directory: Path, settings: DriveSettings) -> Dict[str, object]:
+    """The write model as ``flashstream probe --sustained`` learns it, on a fresh emulated
+    drive, and its errors against the emulator's settings."""
+    size = int(2.5 * settings.cache_size)
+    with DriveEmulator(directory, settings) as drive, tqdm(
+            desc="learning the write model", total=3, leave=False, disable=None) as bar:
+        drive.add_process()
+        model = write_model.learn_sustained(directory, size,
+                                            progress=lambda _m: bar.update(1))
+    errors = {
+        "cache_size": model.cache_size / settings.cache_size - 1 if model.cache_size else None,
+        "post_cache_rate": (model.post_cache_rate / settings.post_cache_rate - 1
+                            if model.post_cache_rate else None),
+        "recovery_rate": (model.recovery_rate / settings.drain_rate - 1
+                          if model.recovery_rate else None)}
+    described = model.describe() + "\n  against the emulator: " + ", ".join(
+        f"{k} {v:+.1%}" for k, v in errors.items() if v is not None)
+    return {"cache_size": model.cache_size, "post_cache_rate": model.post_cache_rate,
+            "recovery_rate": model.recovery_rate, "fast_rate": model.fast_rate,
+            "errors": errors, "describe": described}
+
+
+def measure_idle(args, settings: DriveSettings, reader_file: Path) -> float:
+    """The reader's idle p95 (seconds) on the emulated drive, no writer."""
+    with DriveEmulator(args.dir, settings) as drive:
+        reader = _reader(args, reader_file, drive)
+        begin = time.perf_counter()
+        time.sleep(IDLE_S)
+        reads = reader.stop()
+    return latency_summary(reads, begin + WARMUP_S, begin + IDLE_S)["p95_s"]
+
+
+def _reader(args, reader_file: Path, drive: DriveEmulator) -> _open_loop.OpenLoopReader:
+    reader = _open_loop.OpenLoopReader(
+        reader_file, rate=args.reader_rate, block=parse_size(args.reader_block),
+        out=reader_file.with_suffix(".reads.json"))
+    drive.add_process(reader.start())
+    return reader
+
+
+def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
+                   read_slo: Optional[float]) -> Dict[str, object]:
+    if mode == "unpaced":
+        return {"rate": None}
+    if mode == "fixed":
+        return {"rate": fixed_rate}
+    kw: Dict[str, object] = {"rate": "auto", "within": schedule.within}
+    if mode == "auto+read_slo":
+        kw["read_slo"] = read_slo
+    return kw
+
+
+def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
+             schedule: Schedule, reader_file: Path, args, *, fixed_rate: float,
+             read_slo: Optional[float]) -> Dict[str, object]:
+    """One writer through the schedule on a fresh emulated drive, the reader beside it."""
+    directory = args.dir / f"emulated-{args.emulate}" / mode.replace("+", "-")
+    shutil.rmtree(directory, ignore_errors=True)
+    writer = CheckpointWriter(directory, keep=1, chunk_size=args.chunk_size,
+                              queue_depth=args.queue_depth,
+                              **_writer_kwargs(mode, schedule, fixed_rate, read_slo))
+    saves: List[Dict[str, object]] = []
+    try:
+        with DriveEmulator(args.dir, settings) as drive, tqdm(
+                desc=mode, total=schedule.saves + 1, unit="save", leave=False,
+                disable=None) as bar:
+            drive.add_process()
+            # A writer's first save faults its staging memory in (seconds, nothing to do with
+            # pacing): it runs first, unscheduled, and the schedule starts once the emulated
+            # cache has drained again (the write model follows the fill on its own).
+            warmup = writer.save(state.state, step=0).result()
+            bar.update(1)
+            _wait_drained(drive, settings)
+            reader = _reader(args, reader_file, drive)
+            begin = time.perf_counter()
+            first_due = begin + IDLE_S
+            try:
+                for i in range(schedule.saves):
+                    due = first_due + i * schedule.gap
+                    state.mutate()  # the training step before the save
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                    called = time.perf_counter()
+                    report = writer.save(state.state, step=i + 1).result()
+                    saves.append(_save_row(report, due, called, time.perf_counter(), schedule,
+                                           drive))
+                    bar.update(1)
+                end = first_due + schedule.saves * schedule.gap
+                time.sleep(max(0.0, end - time.perf_counter()))
+            finally:
+                reads = reader.stop()
+    finally:
+        writer.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    zero = drive.started
+    busy_end = max([end] + [s["done_s"] + zero for s in saves])
+    return {
+        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo),
+        "warmup": {"stall_s": warmup.stall_s, "write_s": warmup.write_s,
+                   "pacing": warmup.pacing},
+        "saves": saves,
+        "cliff_seconds": _cliff_seconds(drive.timeline, first_due - zero, end - zero),
+        "reader": {"idle": latency_summary(reads, begin + WARMUP_S, first_due),
+                   "saving": latency_summary(reads, first_due, busy_end)},
+        "timeline": [[round(p.seconds, 3), p.fill, p.cliff, p.write_rate, p.read_rate]
+                     for p in drive.timeline],
+        "reads": [[round(d - zero, 4), round(lat, 6)] for d, lat in reads],
+        "zero": zero,
+    }
+
+
+def _wait_drained(drive: DriveEmulator, settings: DriveSettings) -> None:
+    """Until the emulated cache is empty (at most twice its drain time)."""
+    deadline = time.perf_counter() + 2 * settings.cache_size / settings.drain_rate + 1
+    while time.perf_counter() < deadline:
+        time.sleep(0.1)
+        if drive.timeline and drive.timeline[-1].fill == 0:
+            return
+
+
+def _save_row(report, due: float, called: float, returned: float, schedule: Schedule,
+              drive: DriveEmulator) -> Dict[str, object]:
+    zero = drive.started
+    done = returned - due
+    return {"step": report.step, "due_s": due - zero, "called_s": called - zero,
+            "done_s": returned - zero, "completion_s": done, "deadline_s": schedule.within,
+            "met": done <= schedule.within, "stall_s": report.stall_s,
+            "write_s": report.write_s, "gbps": report.bytes / max(report.write_s, 1e-9) / 1e9,
+            "cliff_seconds": _cliff_seconds(drive.timeline, due - zero, due - zero + schedule.gap),
+            "pacing": report.pacing,
+            "emulated_fill_at_end": drive.timeline[-1].fill if drive.timeline else None,
+            "write_timeline": [[round(t, 3), b, p] for t, b, p in report.timeline]}
+
+
+def _cliff_seconds(timeline, start: float, end: float) -> float:
+    """Seconds the emulated drive spent in the cliff between ``start`` and ``end``."""
+    total, last = 0.0, 0.0
+    for point in timeline:
+        if point.cliff and start <= point.seconds <= end:
+            total += point.seconds - last
+        last = point.seconds
+    return total
+
+
+def latency_summary(reads: Sequence[Tuple[float, float]], start: float,
+                    end: float) -> Dict[str, object]:
+    """p50/p95/p99 (seconds) of the reads due in [start, end)."""
+    lat = sorted(latency for due, latency in reads if start <= due < end)
+    if not lat:
+        return {"reads": 0, "p50_s": None, "p95_s": None, "p99_s": None, "max_s": None}
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
+    return {"reads": len(lat), "p50_s": q[49], "p95_s": q[94], "p99_s": q[98],
+            "max_s": lat[-1]}
+
+
+# -- report -------------------------------------------------------------------------------------
+def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:
+    rows = []
+    for mode, result in modes.items():
+        idle, saving = result["reader"]["idle"], result["reader"]["saving"]
+        saves = result["saves"]
+        rows.append({
+            "writer": mode,
+            "cliff s": round(result["cliff_seconds"], 2),
+            "cliff s per save": " ".join(f"{s['cliff_seconds']:.1f}" for s in saves),
+            f"done (deadline {schedule.within:.1f} s)": " ".join(
+                f"{s['completion_s']:.1f}" for s in saves),
+            "deadlines met": f"{sum(s['met'] for s in saves)}/{len(saves)}",
+            "reader p95 ms idle/saving": f"{_ms(idle['p95_s'])} / {_ms(saving['p95_s'])}",
+            "p95 x idle": _ratio(saving["p95_s"], idle["p95_s"]),
+            "reader p99 ms": _ms(saving["p99_s"])})
+    _bench.print_table(rows, list(rows[0]) if rows else [])
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if not a or not b else round(a / b, 3)
+
+
+def check_targets(modes: Dict[str, Dict[str, object]],
+                  learned: Dict[str, object]) -> Dict[str, Dict[str, object]]:
+    out: Dict[str, Dict[str, object]] = {}
+    for key in ("cache_size", "post_cache_rate"):
+        err = learned["errors"].get(key)
+        out[f"model {key}: error against the emulator"] = {
+            "value": err if err is not None else float("nan"),
+            "target": f"within +-{MODEL_TOLERANCE}",
+            "met": err is not None and abs(err) <= MODEL_TOLERANCE}
+    for mode in ("auto", "auto+read_slo"):
+        if mode not in modes:
+            continue
+        result = modes[mode]
+        later = sum(s["cliff_seconds"] for s in result["saves"][1:])
+        out[f"{mode}: seconds in the cliff from the second save"] = {
+            "value": later, "target": "0", "met": later == 0}
+        met = [s["met"] for s in result["saves"]]
+        out[f"{mode}: saves done by their deadline"] = {
+            "value": float(sum(met)), "target": f"{len(met)} of {len(met)}", "met": all(met)}
+        ratio = _ratio(result["reader"]["saving"]["p95_s"], result["reader"]["idle"]["p95_s"])
+        out[f"{mode}: reader p95 / idle"] = {
+            "value": ratio if ratio is not None else float("nan"),
+            "target": f"<= {P95_TARGET}", "met": ratio is not None and ratio <= P95_TARGET}
+    if "unpaced" in modes:
+        result = modes["unpaced"]
+        ratio = _ratio(result["reader"]["saving"]["p95_s"], result["reader"]["idle"]["p95_s"])
+        out["unpaced: seconds in the cliff (visible)"] = {
+            "value": result["cliff_seconds"], "target": "> 0",
+            "met": result["cliff_seconds"] > 0}
+        out["unpaced: reader p95 / idle (visible)"] = {
+            "value": ratio if ratio is not None else float("nan"),
+            "target": f"> {P95_TARGET}", "met": ratio is not None and ratio > P95_TARGET}
+    return out

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""An open-loop reader: random O_DIRECT reads sent on a fixed schedule, each one's latency
+counted from when it was due, not from when it was sent.
+
+A closed-loop reader (the next read once the last is back) slows down with a stalled drive and
+so reports few slow reads (coordinated omission); an open-loop one keeps sending on schedule,
+so a second-long stall shows as a second of late reads, as a retrieval service would see it.
+
+It runs as a process of its own, so that the writer's process (its GIL, its copies) cannot
+delay the schedule, and a drive emulator can place it under the same throttle:
+
+    python benchmarks/_open_loop.py FILE --rate 250 --block 131072 --out reads.json
+
+It reads until SIGTERM or SIGINT, then writes {"reads": [[due, latency], ...]} with ``due`` in
+time.perf_counter() seconds (CLOCK_MONOTONIC: the same clock in every process of the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+MAX_IN_FLIGHT = 128  # reads outstanding at once; more wait for a thread (still timed from due)
+
+
+def make_file(path: Path, size: int) -> Path:
+    """A file of ``size`` random bytes to read from (kept when it is already that size),
+    dropped from the page cache either way."""
+    if not path.exists() or path.stat().st_size != size:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            for _ in range(0, size, 64 << 20):
+                f.write(os.urandom(min(64 << 20, size - f.tell())))
+            f.flush()
+            os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_schedule(path: str, rate: float, block: int, stop: threading.Event,
+                  seed: int = 0) -> List[Tuple[float, float]]:
+    """Sends reads every 1/rate s until ``stop``; returns (due, latency) per read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    blocks = os.fstat(fd).st_size // block
+    if blocks < 1:
+        raise ValueError(f"{path} is smaller than one {block}-byte read")
+    local = threading.local()
+    rng = random.Random(seed)
+    out: List[Tuple[float, float]] = []
+
+    def one(due: float, offset: int) -> None:
+        buf = getattr(local, "buf", None)
+        if buf is None:  # O_DIRECT needs an aligned buffer: an anonymous map is page-aligned
+            buf = local.buf = mmap.mmap(-1, block)
+        os.preadv(fd, [buf], offset)
+        out.append((due, time.perf_counter() - due))
+
+    period = 1.0 / rate
+    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+        due = time.perf_counter()
+        while not stop.is_set():
+            pool.submit(one, due, rng.randrange(blocks) * block)
+            due += period
+            wait = due - time.perf_counter()
+            if wait > 0:
+                stop.wait(wait)
+    os.close(fd)
+    return sorted(out)
+
+
+class OpenLoopReader:
+    """The reader as a child process: start(), then stop() returns its (due, latency) reads."""
+
+    def __init__(self, path: Path, *, rate: float, block: int, out: Path) -> None:
+        self.path, self.rate, self.block, self.out = path, rate, block, out
+        self.process: Optional[subprocess.Popen] = None
+
+    def start(self) -> int:
+        self.out.unlink(missing_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, str(self.path), "--rate", str(self.rate),
+             "--block", str(self.block), "--out", str(self.out)])
+        return self.process.pid
+
+    def stop(self) -> List[Tuple[float, float]]:
+        if self.process is None:
+            return []
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        self.process = None
+        if code != 0:
+            raise RuntimeError(f"the open-loop reader exited with status {code}")
+        return [tuple(r) for r in json.loads(self.out.read_text())["reads"]]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("file", help="the file to read (on the drive under test)")
+    p.add_argument("--rate", type=float, default=250.0, help="reads per second")
+    p.add_argument("--block", type=int, default=128 << 10, help="bytes per read")
+    p.add_argument("--out", type=Path, required=True, help="JSON of [due, latency] per read")
+    args = p.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    reads = read_schedule(args.file, args.rate, args.block, stop)
+    args.out.write_text(json.dumps({"reads": reads}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
