@@ -6,7 +6,7 @@ its own new-file write rate), its write model is learned as a user would
 writer runs the same schedule on a fresh (empty) emulated cache:
 
 - an idle window: only the reader runs (each writer's own baseline);
-- ``--saves`` saves of a state dict larger than the cache (default 1.5x), one due every
+- ``--saves`` saves of a state dict larger than the cache (default 1.25x), one due every
   ``--gap`` seconds (default: so the saves average 85% of the rate the cache drains at), each
   with its deadline ``--within`` seconds after it is due (default half the gap);
 - an open-loop reader beside it all (250 random 128 KiB O_DIRECT reads/s, latency from each
@@ -47,7 +47,7 @@ from flashstream.telemetry import write_model
 MODES = ("unpaced", "fixed", "auto", "auto+read_slo")
 IDLE_S = 4.0           # the reader alone before each writer's first save
 WARMUP_S = 0.5         # the reader's first reads (threads starting) are left out
-SAVE_SHARE = 1.5       # default save size: this many times the emulated cache
+SAVE_SHARE = 1.25       # default save size: this many times the emulated cache
 DRAIN_SHARE = 0.85     # default gap: saves average this share of the cache's drain rate
 WITHIN_SHARE = 0.5     # default deadline: this share of the gap after a save is due
 SLO_SHARE = 1.2        # auto+read_slo: the SLO is this many times the idle p95

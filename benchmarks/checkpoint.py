@@ -287,7 +287,7 @@ def parse_args(argv=None):
     p.add_argument("--dir", type=Path, default=Path("bench-data/checkpoint"),
                    help="where the checkpoints go (on the drive under test)")
     p.add_argument("--size", default=None,
-                   help="tensor bytes of the state dict (default 2GiB; with --emulate 1.5 x "
+                   help="tensor bytes of the state dict (default 2GiB; with --emulate 1.25 x "
                         "the emulated cache)")
     p.add_argument("--saves", type=int, default=3,
                    help="saves per writer; the first one is reported apart (default 3)")

@@ -107,6 +107,15 @@ def test_find_cliff_reads_the_drop_and_the_rate_after_it():
     assert find_cliff(_timeline([100e6] * 50, pace=100e6)) is None  # paced, at its pace
 
 
+def test_a_pacer_slowing_down_is_not_a_cliff():
+    # Unpaced at 800 MB/s, then held by the pacer to 150 MB/s and lower: the drive kept up.
+    rows = _timeline([800e6] * 20)
+    t = rows[-1][0]
+    for i, pace in enumerate([150e6] * 20 + [100e6] * 20 + [60e6] * 20):
+        rows.append((t + 0.05 * (i + 1), pace * 0.05, pace))
+    assert find_cliff(rows) is None
+
+
 def test_a_save_teaches_the_model_its_cliff(tmp_path):
     model = load_model(tmp_path)
     rows = _timeline([800e6] * 40 + [200e6] * 60 + [0])
@@ -170,23 +179,45 @@ def test_auto_settings_are_checked():
 
 @pytest.mark.skipif(throttle_support() is None,
                     reason="needs root and a cgroup block-I/O controller")
-def test_the_sustained_probe_recovers_a_random_emulated_drive(tmp_path):
-    """Parameters drawn from the documented range (docs/emulation.md) each run."""
+def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_cliff(tmp_path):
+    """Parameters drawn from the documented range (docs/emulation.md) each run: the sustained
+    probe recovers them, then saves 1.2 x the cache, each due before the next one (they
+    average 85% of the drain rate), never enter the cliff."""
     from flashstream.emulation import DriveEmulator
     from flashstream.telemetry.write_model import learn_sustained
 
     rng = random.Random()
-    post = rng.uniform(40e6, 80e6)
-    settings = DriveSettings(cache_size=rng.randint(128, 256) * MiB, post_cache_rate=post,
+    post = rng.uniform(60e6, 100e6)
+    settings = DriveSettings(cache_size=rng.randint(96, 192) * MiB, post_cache_rate=post,
                              drain_rate=post * rng.uniform(0.6, 1.0), fast_rate=200e6)
+    info = json.dumps(settings.to_dict())
+    directory = tmp_path / "ckpt"
+    state = {"w": torch.rand(int(1.2 * settings.cache_size) // 4)}
+    gap = 1.2 * settings.cache_size / (0.85 * settings.drain_rate)
     with DriveEmulator(tmp_path, settings) as drive:
         drive.add_process()
         model = learn_sustained(tmp_path, 3 * settings.cache_size)
-    info = json.dumps(settings.to_dict())
-    assert model.has_cliff, info
-    # Small caches at test scale: what is in flight at the cliff weighs more than at full
-    # scale (docs/emulation.md gives the figures measured there).
-    assert model.cache_size == pytest.approx(settings.cache_size, rel=0.2), info
-    assert model.post_cache_rate == pytest.approx(settings.post_cache_rate, rel=0.1), info
-    assert 0 < model.recovery_rate <= model.post_cache_rate * 1.01, info
-    assert load_model(tmp_path).cache_size == model.cache_size  # remembered
+        assert model.has_cliff, info
+        # Small caches at test scale: what is in flight at the cliff weighs more than at
+        # full scale (docs/emulation.md gives the figures measured there).
+        assert model.cache_size == pytest.approx(settings.cache_size, rel=0.2), info
+        assert model.post_cache_rate == pytest.approx(settings.post_cache_rate, rel=0.1), info
+        assert 0 < model.recovery_rate <= model.post_cache_rate * 1.01, info
+        assert load_model(tmp_path).cache_size == model.cache_size  # remembered
+        # The probe left the cache full; the model knows, and the first save's plan starts
+        # from it (it may meet the cliff the probe left; the later ones must not).
+        with CheckpointWriter(directory, rate="auto", within=gap, keep=1,
+                              chunk_size=MiB) as writer:
+            windows = []
+            for step in range(3):
+                due = time.perf_counter() - drive.started
+                report = writer.save(state, step=step).result()
+                windows.append((due, due + gap, report))
+                if step:  # the first starts on the cache the probe left full
+                    assert time.perf_counter() - drive.started - due <= 1.2 * gap, info
+                time.sleep(max(0.0, due + gap - (time.perf_counter() - drive.started)))
+    for due, end, report in windows[1:]:
+        assert report.pacing["plan"] == "model", info
+        cliff = sum(0.05 for p in drive.timeline if p.cliff and due <= p.seconds < end)
+        assert cliff == 0, (info, due, report.pacing)
+    assert torch.equal(load_checkpoint(directory)["w"], state["w"])

@@ -7,11 +7,11 @@ recovery rate since, plus every byte this save writes, less what the drive folds
 - With a deadline (``within=``), it paces at the flattest rate that finishes in time:
   ``remaining / time left`` (of all schedules, the one that fills the cache least and leaves
   reads the most of the drive at every moment). If that fills the cache past ``headroom`` of
-  its size before the end, it writes unpaced while the headroom lasts, then at the sustained
-  rate: the soonest cliff-free finish. Only if that too ends after the deadline is there a
-  conflict (a warning, once); then ``deadline_policy`` says what to do: "avoid-cliff"
-  (default) keeps that schedule and finishes late, "meet-deadline" writes flat at the needed
-  rate and enters the cliff.
+  its size before the end, no schedule meets the deadline without the cliff (each has the
+  same drain to spend over the time left): a conflict, warned once; then ``deadline_policy``
+  says what to do: "avoid-cliff" (default) writes unpaced while the headroom lasts, then at
+  the sustained rate, and finishes late; "meet-deadline" keeps the flat rate and enters the
+  cliff.
 - Without one, it writes unpaced while the estimated headroom lasts, then at ``sustain`` x
   the recovery rate, which the cache absorbs indefinitely.
 - ``read_slo`` (a p95 in seconds for reads on the same drive) lowers the rate while reads miss
@@ -68,9 +68,8 @@ class CachePlanner:
 
     def __init__(self, *, total: int, cache_size: float, recovery_rate: float, fill: float = 0.0,
                  deadline: Optional[float] = None, settings: PlanSettings = PlanSettings(),
-                 lead: float = 0.0, fast_rate: Optional[float] = None) -> None:
+                 lead: float = 0.0) -> None:
         self.total, self.cache_size, self.recovery = total, cache_size, recovery_rate
-        self.fast_rate = fast_rate  # bytes/s of an unpaced write (None: not known)
         self.fill, self.deadline, self.settings = fill, deadline, settings
         self.lead = lead  # bytes in flight: the estimate lags the drive by that much
         self.done = 0.0
@@ -125,34 +124,13 @@ class CachePlanner:
                                       or end_fill <= self.limit):
             self.conflict = False
             return needed
-        # No flat pace is cliff-free; writing fast while the headroom lasts, then at the
-        # sustained rate, finishes soonest without the cliff: no conflict if that is in time.
-        self.conflict = self._headroom_first_finish() > self._time_left()
-        if not self.conflict:
-            return asap
+        # No flat pace is cliff-free, and none other is either: every schedule has the same
+        # drain to spend over the time left, and the flat one fills the cache least.
+        self.conflict = True
         if self.settings.deadline_policy == "meet-deadline":
             return 0.0 if not math.isfinite(needed) else needed
         return asap
 
-
-    def _time_left(self) -> float:
-        if self.deadline is None:
-            return math.inf
-        return self.deadline * self.settings.finish - self.elapsed
-
-    def _headroom_first_finish(self) -> float:
-        """Seconds to write the rest unpaced (at ``fast_rate``) while the headroom lasts,
-        then at ``sustain`` x the recovery rate."""
-        remaining = max(0.0, self.total - self.done)
-        sustained = self.settings.sustain * self.recovery
-        room = max(0.0, self.limit - self.fill - self.lead)
-        fast = self.fast_rate if self.fast_rate and self.fast_rate > self.recovery else None
-        if fast is None:
-            return remaining / sustained if sustained > 0 else math.inf
-        burst = room / (fast - self.recovery)  # seconds until the headroom is spent
-        if fast * burst >= remaining:
-            return remaining / fast
-        return burst + (remaining - fast * burst) / sustained if sustained > 0 else math.inf
 
 
 class SaveController:
@@ -246,7 +224,6 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
     else:
         return None
     planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
-                           fill=model.fill_at(), deadline=within, settings=settings, lead=lead,
-                           fast_rate=model.fast_rate)
+                           fill=model.fill_at(), deadline=within, settings=settings, lead=lead)
     return SaveController(planner, read_slo=read_slo, disk=disk, min_rate=min_rate,
                           fast_rate=model.fast_rate)
