@@ -212,7 +212,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
         "warmup": {"stall_s": warmup.stall_s, "write_s": warmup.write_s,
                    "pacing": warmup.pacing},
         "saves": saves,
-        "cliff_seconds": _cliff_seconds(drive.timeline, first_due - zero, end - zero),
+        "cliff_seconds": drive.cliff_seconds(first_due - zero, end - zero),
         "reader": {"idle": latency_summary(reads, begin + WARMUP_S, first_due),
                    "saving": latency_summary(reads, first_due, busy_end)},
         "timeline": [[round(p.seconds, 3), p.fill, p.cliff, p.write_rate, p.read_rate]
@@ -239,20 +239,10 @@ def _save_row(report, due: float, called: float, returned: float, schedule: Sche
             "done_s": returned - zero, "completion_s": done, "deadline_s": schedule.within,
             "met": done <= schedule.within, "stall_s": report.stall_s,
             "write_s": report.write_s, "gbps": report.bytes / max(report.write_s, 1e-9) / 1e9,
-            "cliff_seconds": _cliff_seconds(drive.timeline, due - zero, due - zero + schedule.gap),
+            "cliff_seconds": drive.cliff_seconds(due - zero, due - zero + schedule.gap),
             "pacing": report.pacing,
             "emulated_fill_at_end": drive.timeline[-1].fill if drive.timeline else None,
             "write_timeline": [[round(t, 3), b, p] for t, b, p in report.timeline]}
-
-
-def _cliff_seconds(timeline, start: float, end: float) -> float:
-    """Seconds the emulated drive spent in the cliff between ``start`` and ``end``."""
-    total, last = 0.0, 0.0
-    for point in timeline:
-        if point.cliff and start <= point.seconds <= end:
-            total += point.seconds - last
-        last = point.seconds
-    return total
 
 
 def latency_summary(reads: Sequence[Tuple[float, float]], start: float,

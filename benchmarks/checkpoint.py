@@ -346,26 +346,27 @@ def parse_args(argv=None):
         p.error("--saves must be at least 1")
     name = f"checkpoint-emulated-{args.emulate}" if args.emulate else "checkpoint"
     args.json = args.json or Path(f"bench-results/{name}.json")
+    args.plot = args.plot or args.json.with_suffix(".png")
     if args.emulate:
         args.emulate_size = args.size
-        args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-        unknown = set(args.modes) - set(_emulated.MODES)
-        if unknown or not args.modes:
-            p.error(f"unknown mode(s) {sorted(unknown)}; choose from {', '.join(_emulated.MODES)}")
+        args.modes = _chosen(p, args.modes, _emulated.MODES, "--modes")
         args.chunk_size = parse_size(args.chunk_size, name="--chunk-size")
-        args.rate = float(parse_size(args.rate, name="--rate")) if args.rate else None
-        args.plot = args.plot or args.json.with_suffix(".png")
-        return args
-    args.writers = [w.strip() for w in args.writers.split(",") if w.strip()]
-    unknown = set(args.writers) - set(WRITERS)
-    if unknown or not args.writers:
-        p.error(f"unknown writer(s) {sorted(unknown)}; choose from {', '.join(WRITERS)}")
-    if "fixed" in args.writers and args.rate is None and "unpaced" not in args.writers:
-        p.error("the fixed writer needs --rate when the unpaced writer does not run")
-    args.size = parse_size(args.size or "2GiB", name="--size")
+    else:
+        args.writers = _chosen(p, args.writers, WRITERS, "--writers")
+        if "fixed" in args.writers and args.rate is None and "unpaced" not in args.writers:
+            p.error("the fixed writer needs --rate when the unpaced writer does not run")
+        args.size = parse_size(args.size or "2GiB", name="--size")
     args.rate = float(parse_size(args.rate, name="--rate")) if args.rate else None
-    args.plot = args.plot or args.json.with_suffix(".png")
     return args
+
+
+def _chosen(parser: argparse.ArgumentParser, text: str, allowed, option: str) -> List[str]:
+    """The comma-separated names of ``text``, each one of ``allowed`` (else a usage error)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = set(names) - set(allowed)
+    if unknown or not names:
+        parser.error(f"{option}: unknown {sorted(unknown)}; choose from {', '.join(allowed)}")
+    return names
 
 
 def start_reader(args):

@@ -218,6 +218,6 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
                 time.sleep(max(0.0, due + gap - (time.perf_counter() - drive.started)))
     for due, end, report in windows[1:]:
         assert report.pacing["plan"] == "model", info
-        cliff = sum(0.05 for p in drive.timeline if p.cliff and due <= p.seconds < end)
+        cliff = drive.cliff_seconds(due, end)
         assert cliff == 0, (info, due, report.pacing)
     assert torch.equal(load_checkpoint(directory)["w"], state["w"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import threading
@@ -208,11 +209,21 @@ class DriveEmulator:
         return {
             "settings": self.settings.to_dict(), "device": self.device, "disk": self.disk,
             "seconds": points[-1].seconds if points else 0.0,
-            "cliff_seconds": sum(w for w, p in zip(widths, points) if p.cliff),
+            "cliff_seconds": self.cliff_seconds(),
             "written_bytes": sum(w * p.write_rate for w, p in zip(widths, points)),
             "read_bytes": sum(w * p.read_rate for w, p in zip(widths, points)),
             "max_fill": max((p.fill for p in points), default=0.0),
         }
+
+    def cliff_seconds(self, start: float = 0.0, end: float = math.inf) -> float:
+        """Seconds in the cliff among the timeline's intervals that end in [start, end]
+        (seconds since the emulator started)."""
+        total, last = 0.0, 0.0
+        for point in self.timeline:
+            if point.cliff and start <= point.seconds <= end:
+                total += point.seconds - last
+            last = point.seconds
+        return total
 
     def save_timeline(self, path: Union[str, os.PathLike]) -> None:
         """Writes the summary and the timeline as JSON."""
