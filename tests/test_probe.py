@@ -38,6 +38,27 @@ def test_small_probe_is_consistent_and_cleans_up(tmp_path):
     assert "best sequential read" in result.format_table()
 
 
+def test_write_points_write_new_files(tmp_path, monkeypatch):
+    """As a checkpoint writes: each write point (and the sustained write) into its own new,
+    preallocated file, never over the read points' probe file."""
+    from flashstream.telemetry import probe as probe_mod
+
+    seen, real = [], probe_mod.measure
+
+    def measure_spy(path, **kw):
+        if kw["op"] == "write":
+            seen.append((os.path.basename(path), os.path.getsize(path)))
+        return real(path, **kw)
+
+    monkeypatch.setattr(probe_mod, "measure", measure_spy)
+    probe(tmp_path, cache_dir=tmp_path / "cache", **dict(SMALL, sustained="20MiB"))
+    names = [name for name, _ in seen]
+    assert len(names) == 5 and len(set(names)) == 5
+    assert all(name.startswith(".flashstream-write-") for name in names)
+    assert [size for _, size in seen] == [16 << 20] * 4 + [20 << 20]  # preallocated
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
 def test_probe_results_are_cached_per_device(tmp_path):
     kw = dict(SMALL, sustained=0, block_sizes=("1MiB",), queue_depths=(4,))
     first = probe(tmp_path, cache_dir=tmp_path / "c", **kw)
@@ -66,15 +87,29 @@ def test_probe_arguments_are_checked(tmp_path):
 # a gigabyte of page cache it wrote) made the in-process probe read 1.4-1.7x faster than fio
 # in two clean CI runs, while the same comparison alone gave ratios around 1.
 _PAIRED = """
-import json, statistics, sys
+import json, os, statistics, sys
 from flashstream.telemetry.fio import run_fio
-from flashstream.telemetry.probe import measure
+from flashstream.telemetry.probe import measure, new_file_write
 path, op, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ours, theirs = [], []
+
+def fio_new_file():
+    target = os.path.join(os.path.dirname(path), "fio-new.bin")
+    theirs.append(run_fio([target], rw="write", bs="1M", iodepth=32, end_fsync=True,
+                          size=os.path.getsize(path))["gbps"])
+    os.unlink(target)
+
 for i in range(2 * pairs):
-    runs = [lambda: ours.append(measure(path, op=op, block_size="1MiB", queue_depth=32).gbps),
-            lambda: theirs.append(run_fio([path], rw=op, bs="1M", iodepth=32,
-                                          end_fsync=op == "write")["gbps"])]
+    if op == "write-new":  # both write a new preallocated file of the same size
+        runs = [lambda: ours.append(new_file_write(os.path.dirname(path), os.path.getsize(path),
+                                                   block_size="1MiB", queue_depth=32,
+                                                   interval=0.0).gbps),
+                fio_new_file]
+    else:
+        runs = [lambda: ours.append(measure(path, op=op, block_size="1MiB",
+                                            queue_depth=32).gbps),
+                lambda: theirs.append(run_fio([path], rw=op, bs="1M", iodepth=32,
+                                              end_fsync=op == "write")["gbps"])]
     for run in runs if i % 2 == 0 else reversed(runs):
         run()
 print(json.dumps([statistics.median(a / b for a, b in zip(ours, theirs)), ours, theirs]))
@@ -95,9 +130,10 @@ def _paired_ratio(path, op, pairs):
 
 
 @pytest.mark.skipif(not fio_available(), reason="fio is not installed")
-@pytest.mark.parametrize("op", ["read", "write"])
+@pytest.mark.parametrize("op", ["read", "write", "write-new"])
 def test_probe_within_15_percent_of_fio(tmp_path, op):
-    """Same file, same shape (1 MiB x 32, O_DIRECT, whole file, writes synced). Single runs on
+    """Same file, same shape (1 MiB x 32, O_DIRECT, whole file, writes synced; "write-new":
+    each writes a new file of that size, as the probe's write points do). Single runs on
     our shared virtual disk swing by +-30%, so the figure is the median of 8 back-to-back
     pairs, and two more rounds are allowed: a real bias of over 15% fails every round."""
     path = tmp_path / "probe.bin"

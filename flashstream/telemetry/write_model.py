@@ -17,14 +17,13 @@ import dataclasses
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from ..sizes import Size, format_size, parse_size
 from .device import device_of
-from .probe import default_cache_dir, device_ident, measure
+from .probe import default_cache_dir, device_ident, new_file_write
 
 __all__ = ["Cliff", "WriteModel", "drained", "drive_write_rate", "find_cliff",
            "learn_from_save", "learn_sustained", "load_model", "model_path", "new_file_write"]
@@ -133,24 +132,6 @@ def load_model(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) 
 
 
 # -- measuring ------------------------------------------------------------------------------
-def new_file_write(directory: Union[str, os.PathLike], size: Size, *, block_size: Size = "8MiB",
-                   queue_depth: int = 8, interval: float = 0.05, seconds: float = 0.0):
-    """One sequential O_DIRECT write of a new, preallocated file of ``size`` bytes (as a
-    checkpoint writes), timed to its end fsync; returns the probe's ProbePoint."""
-    nbytes = parse_size(size, name="size")
-    fd, name = tempfile.mkstemp(prefix=".flashstream-write-", dir=directory)
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-        os.close(fd)
-        fd = -1
-        return measure(name, op="write", block_size=block_size, queue_depth=queue_depth,
-                       nbytes=nbytes, seconds=seconds, interval=interval)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        os.unlink(name)
-
-
 def drive_write_rate(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> float:
     """The drive's new-file write bytes/s: remembered, else measured (a 1 GiB write, at most
     3 s) and remembered."""
