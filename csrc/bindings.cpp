@@ -516,10 +516,11 @@ class PyOutputFile {
   nb::dict write(nb::handle data, uint64_t offset, size_t chunk_size, unsigned queue_depth,
                  const std::string& engine, double rate, std::optional<nb::dict> adaptive,
                  std::optional<std::vector<uint64_t>> crc_bounds, double interval,
-                 std::shared_ptr<RateControl> control) {
+                 std::shared_ptr<RateControl> control, size_t paced_chunk_size) {
     BulkOptions o;
     o.control = std::move(control);
     o.chunk_size = chunk_size;
+    o.paced_chunk_size = paced_chunk_size;
     o.queue_depth = queue_depth;
     o.engine = engine;
     o.rate = rate;
@@ -760,9 +761,10 @@ NB_MODULE(_core, m) {
            nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
            nb::arg("rate") = 0.0, nb::arg("adaptive").none() = nb::none(),
            nb::arg("crc_bounds").none() = nb::none(), nb::arg("interval") = 0.05,
-           nb::arg("control").none() = nb::none(),
+           nb::arg("control").none() = nb::none(), nb::arg("paced_chunk_size") = 0,
            "Write a contiguous buffer at `offset` (blocks, GIL released; the buffer must not "
-           "change meanwhile); a RateControl `control` alone sets the pace. Returns a dict "
+           "change meanwhile); a RateControl `control` alone sets the pace; while paced, "
+           "requests are at most `paced_chunk_size` bytes (0: chunk_size). Returns a dict "
            "(bytes, seconds, requests, counts, min_ns, max_ns, sum_ns, paused, timeline, peak, "
            "sustained, final_rate, crcs, engine, direct).")
       .def("commit", &PyOutputFile::commit, nb::arg("size"),

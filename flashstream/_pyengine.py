@@ -368,7 +368,7 @@ class PythonOutputFile:
               queue_depth: int = 8, rate: Optional[float] = 0.0,
               adaptive: Optional[Dict[str, float]] = None,
               crc_bounds: Optional[Sequence[int]] = None, interval: float = 0.05,
-              control: Any = None) -> dict:
+              control: Any = None, paced_chunk_size: int = 0) -> dict:
         rate = float(rate or 0.0)
         _check_common(chunk_size, queue_depth, interval, rate)
         view = memoryview(data).cast("B")
@@ -384,19 +384,26 @@ class PythonOutputFile:
         file = self._live("write")
         if file.direct:
             _check_aligned(view, offset, len(view), chunk_size)
+            if paced_chunk_size:
+                _check_aligned(view, offset, len(view), paced_chunk_size)
         run = _PacedWrite(file, view, offset, rate, controller, self._kernels.pacer, interval,
                           control)
         crcs = [0] * max(len(bounds) - 1, 0)
         with ThreadPoolExecutor(max_workers=queue_depth) as pool:
-            for pos in range(0, len(view), chunk_size):
-                end = min(pos + chunk_size, len(view))
-                if not run.wait_turn(end - pos, queue_depth):
+            pos = 0
+            while pos < len(view):
+                length = run.wait_turn(min(chunk_size, len(view) - pos),
+                                       min(paced_chunk_size or chunk_size, len(view) - pos),
+                                       queue_depth)
+                if not length:
                     break
+                end = pos + length
                 for i in range(len(crcs)):  # the segments this chunk overlaps
                     lo, hi = max(pos, bounds[i]), min(end, bounds[i + 1])
                     if lo < hi:
                         crcs[i] = self._kernels.crc32c(view[lo:hi], crcs[i])
                 run.submit(pool, pos, end)
+                pos = end
             run.drain()
         result = run.result()
         result.update(crcs=crcs, direct=file.direct)
@@ -453,12 +460,16 @@ class _PacedWrite:
             return self.ceiling
         return min(self.ceiling, adaptive) if self.ceiling > 0 else adaptive
 
-    def wait_turn(self, length: int, depth: int) -> bool:
-        """Waits for a free slot and the pacer; False once an error stops the write."""
+    def wait_turn(self, length: int, paced_length: int, depth: int) -> int:
+        """Waits for a free slot and the pacer; returns the next request's length
+        (``paced_length`` while a rate holds, else ``length``), 0 once an error stops the
+        write."""
         while self.error is None and len(self.pending) >= depth:
             self._collect(wait(self.pending, return_when=FIRST_COMPLETED)[0])
         if self.control is not None and self.control.rate != self.pacer.rate:
             self.pacer = self._make_pacer(self.control.rate)  # a fresh schedule: no burst
+        if self.pacer is not None and self.pacer.rate > 0:
+            length = min(length, paced_length)
         if self.pacer is not None and self.error is None:
             now = time.perf_counter()
             delay = self.pacer.admit(length, now - self.start)
@@ -470,7 +481,7 @@ class _PacedWrite:
                     time.sleep(left)
             if delay > 0:
                 self.paused += time.perf_counter() - now
-        return self.error is None
+        return length if self.error is None else 0
 
     def submit(self, pool: ThreadPoolExecutor, pos: int, end: int) -> None:
         self.pending.add(pool.submit(self.file.transfer, os.pwrite, "write",

@@ -113,6 +113,8 @@ class OutputFile(Protocol):
     ([(seconds, bytes, rate)]), peak, sustained, final_rate, crcs, engine and direct.
     ``control``: a :class:`RateControl` another thread steers the pace with while the write
     runs (it then alone sets the pace) and reads the write's progress from.
+    ``paced_chunk_size``: while a rate is in force, requests are at most this long (0:
+    ``chunk_size``); a read that arrives behind a paced write then waits for a short request.
     """
 
     path: str
@@ -122,7 +124,8 @@ class OutputFile(Protocol):
     def write(self, data: Any, offset: int = 0, *, chunk_size: int = ..., queue_depth: int = ...,
               rate: float = 0.0, adaptive: Optional[Dict[str, float]] = None,
               crc_bounds: Optional[Sequence[int]] = None,
-              interval: float = 0.05, control: Optional[Any] = None) -> Dict[str, Any]: ...
+              interval: float = 0.05, control: Optional[Any] = None,
+              paced_chunk_size: int = 0) -> Dict[str, Any]: ...
     def commit(self, size: int) -> float: ...
     def close(self) -> None: ...
 
@@ -142,12 +145,13 @@ class _NativeOutputFile:
               queue_depth: int = _WRITE_DEPTH, rate: Optional[float] = 0.0,
               adaptive: Optional[Dict[str, float]] = None,
               crc_bounds: Optional[Sequence[int]] = None,
-              interval: float = 0.05, control: Optional[Any] = None) -> Dict[str, Any]:
+              interval: float = 0.05, control: Optional[Any] = None,
+              paced_chunk_size: int = 0) -> Dict[str, Any]:
         bounds = None if crc_bounds is None else [int(b) for b in crc_bounds]
         return self._file.write(data, int(offset), int(chunk_size), int(queue_depth),
                                 self._engine, float(rate or 0.0),
                                 None if adaptive is None else dict(adaptive), bounds,
-                                float(interval), control)
+                                float(interval), control, int(paced_chunk_size))
 
     def commit(self, size: int) -> float:
         return self._file.commit(int(size))

@@ -251,6 +251,33 @@ def test_fixed_rate_pacing(tmp_path, engine):
     assert all(r == rate for _, _, r in result["timeline"])
 
 
+def test_paced_requests_are_cut_to_paced_chunk_size(tmp_path, engine):
+    # A rate far above the disk's speed paces (the schedule runs) without slowing the test.
+    data = aligned(8 * MiB + 3 * ALIGN, seed=4)
+    fast = 1e12
+    paced = write_file(tmp_path / "paced.bin", data, engine, rate=fast, chunk_size=4 * MiB,
+                       paced_chunk_size=MiB, crc_bounds=[0, len(data)])
+    unpaced = write_file(tmp_path / "unpaced.bin", data, engine, chunk_size=4 * MiB,
+                         paced_chunk_size=MiB)
+    assert paced["requests"] == 9 and unpaced["requests"] == 3  # 1 MiB vs 4 MiB requests
+    assert paced["crcs"] == [fse.crc32c(data)]
+    assert (tmp_path / "paced.bin").read_bytes() == data.tobytes()
+    # Larger than chunk_size: chunk_size holds.
+    wide = write_file(tmp_path / "wide.bin", data, engine, rate=fast, chunk_size=MiB,
+                      paced_chunk_size=4 * MiB)
+    assert wide["requests"] == 9
+
+
+def test_paced_chunk_size_must_be_aligned(tmp_path, engine):
+    out = fse.open_output(tmp_path / "f.bin", MiB, engine=engine, direct=True)
+    try:
+        with pytest.raises(ValueError, match="O_DIRECT alignment"):
+            out.write(aligned(MiB), 0, chunk_size=MiB, queue_depth=2, rate=1e9,
+                      paced_chunk_size=1000)
+    finally:
+        out.close()
+
+
 def test_adaptive_under_a_ceiling(tmp_path, engine):
     data = aligned(8 * MiB, seed=9)
     path = tmp_path / "adaptive.bin"

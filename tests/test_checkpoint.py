@@ -141,7 +141,7 @@ def test_cycles_are_refused(tmp_path):
 @pytest.mark.parametrize("options", [
     {"rate": "fast"}, {"rate": 0}, {"rate": -5}, {"keep": 0}, {"if_busy": "queue"},
     {"chunk_size": 1000}, {"queue_depth": 0}, {"within": 0}, {"engine": "spdk"},
-    {"snapshot": "fork"},
+    {"snapshot": "fork"}, {"paced_chunk_size": 1000}, {"paced_chunk_size": 0},
 ])
 def test_bad_arguments_raise_value_error(tmp_path, options):
     with pytest.raises(ValueError):
@@ -166,6 +166,83 @@ def test_keep_newest_and_latest_pointer(tmp_path):
     assert (tmp_path / "latest").read_text().strip() == "step-000000040"
     assert load_checkpoint(tmp_path)["step"] == 40
     assert load_checkpoint(tmp_path / "step-000000030")["step"] == 30
+
+
+@pytest.mark.parametrize("state", [
+    {}, {"epoch": 3, "name": "run-1", "lr": [0.1, 0.01]}, {"empty": torch.zeros(0),
+                                                            "none": torch.ones(0, 5)},
+], ids=["empty", "python-values", "zero-element-tensors"])
+def test_a_state_without_tensor_bytes_saves_and_loads(tmp_path, state):
+    with CheckpointWriter(tmp_path) as writer:
+        report = writer.save(state, step=1).result()
+    assert report.bytes >= 0
+    assert_same(load_checkpoint(tmp_path), state)
+
+
+def test_adamw_before_its_first_step_saves_and_loads(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optim = torch.optim.AdamW(model.parameters())
+    state = {"model": model.state_dict(), "optim": optim.state_dict()}
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save(state, step=1).result()
+    loaded = load_checkpoint(tmp_path)
+    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters())
+    fresh.load_state_dict(loaded["optim"])
+    assert fresh.state_dict()["param_groups"] == optim.state_dict()["param_groups"]
+    assert_same(loaded["model"], state["model"])
+
+
+def test_a_paced_save_writes_short_requests(tmp_path):
+    state = {"w": torch.zeros(16 << 20, dtype=torch.uint8)}
+    with CheckpointWriter(tmp_path / "paced", rate=1e12, chunk_size="8MiB",
+                          paced_chunk_size="1MiB") as writer:
+        paced = writer.save(state, step=1).result()
+    with CheckpointWriter(tmp_path / "unpaced", chunk_size="8MiB",
+                          paced_chunk_size="1MiB") as writer:
+        unpaced = writer.save(state, step=1).result()
+    assert paced.latency.count >= 16 and unpaced.latency.count <= 4
+    assert load_checkpoint(tmp_path / "paced")["w"].equal(state["w"])
+
+
+def test_gradual_removal_frees_a_slice_at_a_time_and_markers_first(tmp_path, monkeypatch):
+    from flashstream.checkpoint import store
+
+    with CheckpointWriter(tmp_path, keep=None) as writer:
+        writer.save({"w": torch.zeros(5 << 20, dtype=torch.uint8)}, step=1)
+        writer.save({"w": torch.zeros(1, dtype=torch.uint8)}, step=2)
+    old = list_checkpoints(tmp_path)[0]
+    file_size = old.rank_file(0).stat().st_size
+    sizes, real_ftruncate = [], os.ftruncate
+
+    def ftruncate(fd, size):
+        # The marker is gone before any data is freed: a cut-short removal leaves an
+        # incomplete step, never a complete one with a short file.
+        assert not list(old.path.glob("*.done"))
+        sizes.append(size)
+        real_ftruncate(fd, size)
+
+    monkeypatch.setattr(store, "TRIM_SLICE", 1 << 20)
+    monkeypatch.setattr(store.os, "ftruncate", ftruncate)
+    assert store.prune(tmp_path, 1, gradual=True) == [old.path]
+    assert sizes == [file_size - k * (1 << 20) for k in range(1, len(sizes) + 1)]
+    assert 0 <= sizes[-1] < 1 << 20  # the last slice goes with the unlink
+    assert not old.path.exists()
+    assert load_checkpoint(tmp_path)["w"].numel() == 1
+
+
+@pytest.mark.parametrize("keep, kept", [(1, [150]), (2, [150, 200]), (None, [100, 150, 200])])
+def test_a_rollback_keeps_the_new_run_and_loads_it(tmp_path, keep, kept):
+    """A run resumed from an older step: its checkpoints are the newest, whatever their step
+    numbers; keep= counts by commit time, so the abandoned run's later steps go first."""
+    with CheckpointWriter(tmp_path, keep=keep) as writer:
+        for step in (100, 200):
+            writer.save(training_state(step), step=step)
+    with CheckpointWriter(tmp_path, keep=keep) as writer:  # resumed from step 100
+        writer.save(training_state(150), step=150).result()
+    assert [c.step for c in list_checkpoints(tmp_path)] == kept
+    assert (tmp_path / "latest").read_text().strip() == "step-000000150"
+    assert newest_complete(tmp_path).step == 150
+    assert load_checkpoint(tmp_path)["step"] == 150
 
 
 def test_if_busy_skip_and_wait(tmp_path):

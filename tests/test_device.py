@@ -13,7 +13,7 @@ from typing import Dict, Optional
 import pytest
 
 from flashstream.telemetry import device as device_mod
-from flashstream.telemetry.device import DeviceInfo, device_of, format_device
+from flashstream.telemetry.device import DeviceInfo, device_of, format_device, online_discard
 
 
 def dev_string(path: Path) -> str:
@@ -96,11 +96,12 @@ class FakeSystem:
         (holder / "slaves").mkdir(exist_ok=True)
         (holder / "slaves" / below.name).symlink_to(below)
 
-    def mount(self, dev: str, mountpoint: str, fstype: str, source: str) -> None:
+    def mount(self, dev: str, mountpoint: str, fstype: str, source: str,
+              super_options: str = "rw") -> None:
         escaped = mountpoint.replace("\\", "\\134").replace(" ", "\\040")
         n = len(self.mountinfo) + 20
         self.mountinfo.append(f"{n} 1 {dev} / {escaped} rw,relatime shared:{n} - {fstype} "
-                              f"{source} rw")
+                              f"{source} {super_options}")
         (self.proc / "self" / "mountinfo").write_text("\n".join(self.mountinfo) + "\n")
 
     def device_of(self, path, **kwargs) -> DeviceInfo:
@@ -157,6 +158,16 @@ def test_partition_resolves_to_its_disk(fake, target):
                                                            "/dev/fakedisk1")
     assert info.slaves == () and info.backing is None
     assert disk.name in format_device(info)
+
+
+@pytest.mark.parametrize("options, expected", [
+    ("rw,discard,errors=remount-ro", True), ("rw,discard=sync", True),
+    ("rw,discard=async,ssd", False), ("rw,nodiscard", False), ("rw", False)])
+def test_online_discard_is_read_from_the_mount_options(fake, target, options, expected):
+    fake.mount("259:1", "/", "ext4", "/dev/other", "rw,discard")
+    fake.mount(dev_string(target), str(target.parent), "xfs", "/dev/fakedisk1", options)
+    assert online_discard(target, proc_root=str(fake.proc)) is expected
+    assert online_discard(target.parent / "missing", proc_root=str(fake.proc)) is False
 
 
 def test_unreadable_attributes_are_none(fake, target):

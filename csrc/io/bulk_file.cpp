@@ -62,7 +62,9 @@ void check_alignment(const DioAlignment& a, const uint8_t* data, uint64_t offset
   if (chunk_size % a.offset) bad("chunk_size", chunk_size, a.offset);
   if (offset % a.offset) bad("offset", offset, a.offset);
   if (len % a.offset) bad("length", len, a.offset);
-  if (reinterpret_cast<uintptr_t>(data) % a.memory)
+  // An empty transfer touches no memory, and an empty buffer's address is arbitrary (a state
+  // dict with no tensor bytes has an empty data region).
+  if (len > 0 && reinterpret_cast<uintptr_t>(data) % a.memory)
     bad("buffer address", reinterpret_cast<uintptr_t>(data), a.memory);
 }
 
@@ -106,6 +108,7 @@ class Transfer {
   };
 
   bool paced() const { return write_ && (o_.rate > 0 || o_.adaptive || o_.control); }
+  uint64_t next_request_len() const;
   void follow_control(Clock::time_point now);
   double pacing_rate(double adaptive) const;
   void start_next(size_t s, Clock::time_point now);
@@ -176,10 +179,18 @@ void Transfer::update_crcs(uint64_t p, uint64_t q) {
   }
 }
 
+// The length of the next new request: paced_chunk_size while the pacer holds a rate.
+uint64_t Transfer::next_request_len() const {
+  uint64_t chunk = o_.chunk_size;
+  if (write_ && o_.paced_chunk_size && pacer_.rate() > 0)
+    chunk = std::min<uint64_t>(chunk, o_.paced_chunk_size);
+  return std::min<uint64_t>(chunk, r_.request - next_pos_);
+}
+
 void Transfer::start_next(size_t s, Clock::time_point now) {
   Slot& sl = slots_[s];
   sl.pos = next_pos_;
-  sl.len = static_cast<size_t>(std::min<uint64_t>(o_.chunk_size, r_.request - next_pos_));
+  sl.len = static_cast<size_t>(next_request_len());
   sl.done = 0;
   next_pos_ += sl.len;
   if (crcs_) update_crcs(sl.pos, std::min(sl.pos + sl.len, r_.len));
@@ -329,8 +340,7 @@ BulkStats Transfer::run() {
       Clock::time_point now = Clock::now();
       if (o_.control) follow_control(now);
       if (paced() && !admitted_) {
-        const uint64_t len = std::min<uint64_t>(o_.chunk_size, r_.request - next_pos_);
-        const double delay = pacer_.admit(len, secs(now));
+        const double delay = pacer_.admit(next_request_len(), secs(now));
         if (delay > 0) {
           admitted_ = true;
           ready_ = now;
@@ -425,7 +435,11 @@ BulkStats OutputFile::write(const uint8_t* data, uint64_t len, uint64_t offset,
     if (crcs == nullptr) throw std::invalid_argument("crc_bounds given without crcs");
   }
   if (fd_ < 0) throw_io_error(EBADF, "write", path_, static_cast<int64_t>(offset));
-  if (direct_) check_alignment(align_, data, offset, len, options.chunk_size, path_);
+  if (direct_) {
+    check_alignment(align_, data, offset, len, options.chunk_size, path_);
+    if (options.paced_chunk_size)
+      check_alignment(align_, data, offset, len, options.paced_chunk_size, path_);
+  }
   if (crcs) crcs->assign(crc_bounds.empty() ? 0 : crc_bounds.size() - 1, 0);
 
   Region region{const_cast<uint8_t*>(data), len, len, offset, align_.offset};  // only read

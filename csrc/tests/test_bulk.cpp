@@ -395,6 +395,12 @@ TEST_CASE("OutputFile: argument validation") {
   fine.rate = -1;
   CHECK_THROWS(w(buf.data(), 4096, 0, fine), std::invalid_argument);
   CHECK_THROWS(w(buf.data(), 4096, 0, opts("bogus", 4096, 2)), std::invalid_argument);
+  fine = ok;
+  fine.paced_chunk_size = 4096 + a / 2;
+  CHECK_THROWS(w(buf.data(), 4096, 0, fine), std::invalid_argument);
+  // An empty write touches no memory: its buffer's address need not be aligned (a state
+  // dict without tensor bytes has an empty data region at any address).
+  w(buf.data() + 1, 0, 0, ok);
   w(buf.data(), 4096, 0, ok);  // still usable after refused calls
   f.close();
   CHECK(io_errno([&] { w(buf.data(), 4096, 0, ok); }) == EBADF);

@@ -68,6 +68,9 @@ class WriterConfig:
     keep: complete checkpoints to keep (None: all); older ones are removed after each commit.
     if_busy: what save() does while the previous save is still writing: "wait" or "skip".
     chunk_size, queue_depth: write request size and requests in flight.
+    paced_chunk_size: request size while a rate is in force (a fixed rate, ``within``, or
+        rate="auto" once it paces): a read on the same drive then waits behind a short
+        request, not a whole chunk_size one.
     engine, direct: as for ShardStream (FLASHSTREAM_ENGINE / FLASHSTREAM_DIRECT).
     commit_timeout: seconds rank 0 waits for the other ranks' markers before giving up on
         marking a step complete (the step stays incomplete; the previous one stays latest).
@@ -86,6 +89,7 @@ class WriterConfig:
     keep: Optional[int] = 3
     if_busy: str = "wait"
     chunk_size: Size = "8MiB"
+    paced_chunk_size: Size = "1MiB"
     queue_depth: int = 8
     engine: Optional[str] = None
     direct: Optional[bool] = None
@@ -105,6 +109,11 @@ class WriterConfig:
         if chunk < 4096 or chunk % 4096 or chunk > 1 << 30:
             raise ValueError(f"chunk_size must be a multiple of 4KiB up to 1GiB, got {chunk}")
         object.__setattr__(self, "chunk_size", chunk)
+        paced = parse_size(self.paced_chunk_size, name="paced_chunk_size")
+        if paced < 4096 or paced % 4096 or paced > 1 << 30:
+            raise ValueError("paced_chunk_size must be a multiple of 4KiB up to 1GiB, got "
+                             f"{paced}")
+        object.__setattr__(self, "paced_chunk_size", paced)
         if isinstance(self.queue_depth, bool) or not isinstance(self.queue_depth, int) or not (
                 1 <= self.queue_depth <= 256):
             raise ValueError(f"queue_depth must be an int from 1 to 256, got {self.queue_depth!r}")

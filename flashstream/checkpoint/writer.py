@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from .. import engine
-from ..telemetry.device import device_of
+from ..telemetry.device import device_of, online_discard
 from ..telemetry.histogram import LatencyHistogram
 from ..telemetry.write_model import WriteModel, learn_from_save, load_model
 from .config import WriterConfig
@@ -108,8 +108,8 @@ class CheckpointWriter:
     >>> handle.result()  # optional: wait for this one (writer.close() waits for all)
 
     Keyword arguments are those of :class:`WriterConfig` (rate, within, keep, if_busy,
-    chunk_size, queue_depth, engine, direct, commit_timeout, interval, adaptive, snapshot,
-    read_slo, deadline_policy), plus ``rank``
+    chunk_size, paced_chunk_size, queue_depth, engine, direct, commit_timeout, interval,
+    adaptive, snapshot, read_slo, deadline_policy), plus ``rank``
     and ``world_size`` (default: torch.distributed's when initialized, else 0 of 1) and
     ``pinned`` (staging in page-locked memory; default: when CUDA is available).
     """
@@ -130,6 +130,8 @@ class CheckpointWriter:
         self.reports: List[SaveReport] = []
         self.skipped = 0
         self._disk_name: Optional[str] = None
+        # Online discard: remove old checkpoints a slice at a time (see store.remove_step).
+        self._online_discard = online_discard(self.directory)
         # Seconds from the last data byte to the save's end (header, sync, commit): with
         # rate="auto" the data write must leave that much of ``within`` over.
         self._tail_s = _FIRST_TAIL_S
@@ -229,7 +231,8 @@ class CheckpointWriter:
                                  layout.header_size, chunk_size=cfg.chunk_size,
                                  queue_depth=cfg.queue_depth, rate=rate, adaptive=adaptive,
                                  crc_bounds=layout.segment_bounds(), interval=cfg.interval,
-                                 control=controller.control if controller else None)
+                                 control=controller.control if controller else None,
+                                 paced_chunk_size=cfg.paced_chunk_size)
             ended, data_end = time.time(), time.perf_counter()
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
@@ -317,7 +320,7 @@ class CheckpointWriter:
             time.sleep(_POLL_S)
         write_latest(self.directory, info)
         started = time.perf_counter()
-        if prune(self.directory, self.config.keep):
+        if prune(self.directory, self.config.keep, gradual=self._online_discard):
             self._prune_s = time.perf_counter() - started
             self._prune_s_per_byte = self._prune_s / max(file_size, 1)
 
