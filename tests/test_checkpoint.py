@@ -8,6 +8,7 @@ import re
 import struct
 import threading
 
+import numpy as np
 import pytest
 import torch
 from ckptgen import assert_same, every_kind, training_state
@@ -118,7 +119,8 @@ def test_plain_safetensors_file_loads_flat(tmp_path):
 
 
 @pytest.mark.parametrize("bad, key", [
-    ({"model": {"w": torch.ones(2), "oops": {1, 2}}}, "['model']['oops']"),
+    ({"model": {"w": torch.ones(2), "oops": {1, object()}}}, "['model']['oops']"),
+    ({"model": {"oops": np.datetime64("2020-01-01")}}, "['model']['oops']"),
     ({"fn": lambda: 0}, "['fn']"),
     ({"sparse": torch.ones(2, 2).to_sparse()}, "['sparse']"),
     ({"meta": torch.empty(2, device="meta")}, "['meta']"),
@@ -414,3 +416,89 @@ def test_real_gloo_ranks_write_their_own_files(tmp_path):
     info = newest_complete(tmp_path / "ckpt")
     assert info.step == 3 and info.world_size == world and info.committed_ranks == (0, 1)
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == info.path.name
+
+
+# -- torch.save / torch.load parity -------------------------------------------------------------
+
+def test_values_torch_save_takes_round_trip(tmp_path):
+    state = {"c": 1 + 2j, "s": {1, 2, (3, "a")}, "f": frozenset({"x"}), "dtype": torch.bfloat16,
+             "device": torch.device("cuda:1"),
+             "np": [np.float32(0.5), np.int64(3), np.complex64(1 - 1j), np.bool_(True)]}
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save(state, step=1).result()
+    loaded = load_checkpoint(tmp_path)
+    assert loaded == state
+    assert [type(v) for v in loaded["np"]] == [type(v) for v in state["np"]]
+    assert type(loaded["f"]) is frozenset
+
+
+def test_step_may_be_any_integer_a_training_loop_holds(tmp_path):
+    with CheckpointWriter(tmp_path, keep=None) as writer:
+        writer.save({"x": 1}, step=torch.tensor(5.0))  # AdamW's step: a float32 0-dim tensor
+        writer.save({"x": 2}, step=np.int64(6))
+        writer.save({"x": 2}, step=torch.tensor([7]))
+        for bad in (torch.tensor(1.5), 2.0, "7", torch.tensor([1, 2])):
+            with pytest.raises(ValueError, match="non-negative integer"):
+                writer.save({"x": 3}, step=bad)
+    assert [c.step for c in list_checkpoints(tmp_path)] == [5, 6, 7]
+
+
+def test_map_location_as_torch_load_takes_it(tmp_path):
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save({"w": torch.ones(2)}, step=1).result()
+    assert load_checkpoint(tmp_path, map_location={"cpu": "cpu"})["w"].device.type == "cpu"
+    assert load_checkpoint(tmp_path, map_location={"cuda:0": "cpu"})["w"].equal(torch.ones(2))
+    with pytest.raises(ValueError, match="a dict"):
+        load_checkpoint(tmp_path, map_location=lambda storage, location: storage)
+    with pytest.raises(ValueError, match="map_location must be"):
+        load_checkpoint(tmp_path, map_location=3)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="map_location 'cuda:0' needs CUDA"):
+            load_checkpoint(tmp_path, map_location="cuda:0")
+
+
+def test_weights_only_is_accepted_and_mmap_maps_the_file(tmp_path):
+    state = training_state(3)
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save(state, step=3).result()
+    assert_same(load_checkpoint(tmp_path, weights_only=True), state)
+    mapped = load_checkpoint(tmp_path, mmap=True)
+    assert_same(mapped, state)
+    mapped["model"]["0.weight"].add_(1)  # private pages: the file is not changed
+    assert_same(load_checkpoint(tmp_path), state)
+
+
+def test_a_file_name_is_not_taken_for_a_directory(tmp_path):
+    with pytest.raises(ValueError, match="names a file"):
+        CheckpointWriter(tmp_path / "ckpt.pt")
+    assert not (tmp_path / "ckpt.pt").exists()
+    (tmp_path / "run.v2").mkdir()
+    CheckpointWriter(tmp_path / "run.v2").close()  # not a checkpoint file suffix
+
+
+def test_loading_into_a_state_copies_in_place_and_keeps_no_view_of_the_read_buffer(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 8)).sum().backward()
+    optim.step()
+    saved = {"model": model.state_dict(), "optim": optim.state_dict(), "epoch": 4}
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save(saved, step=1).result()
+    expected = load_checkpoint(tmp_path)
+    # A fresh run: same shapes, other values, an optimizer that has not stepped yet.
+    model2 = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optim2 = torch.optim.AdamW(model2.parameters())
+    target = {"model": model2.state_dict(), "optim": optim2.state_dict(), "epoch": 0}
+    pointers = {k: v.data_ptr() for k, v in target["model"].items()}
+    out = load_checkpoint(tmp_path, into=target)
+    assert out is target and out["epoch"] == 4
+    for key, tensor in model2.state_dict().items():
+        assert tensor.data_ptr() == pointers[key]  # the parameters themselves were written
+        assert torch.equal(tensor, expected["model"][key])
+    optim2.load_state_dict(out["optim"])
+    for state in optim2.state.values():  # new entries own their memory
+        for value in state.values():
+            assert value.untyped_storage().nbytes() == value.nbytes
+    assert_same(out["optim"], expected["optim"])
+    with pytest.raises(ValueError, match=r"\['model'\]\['0.weight'\].*float32 \[8, 8\]"):
+        load_checkpoint(tmp_path, into={"model": {"0.weight": torch.zeros(4, 8)}})

@@ -74,3 +74,120 @@ def test_sigkill_at_random_moments_never_loses_a_checkpoint(tmp_path):
         assert_same(state_for(step), state, f"step {step}")
         next_step = max(next_step, step + 1) + 10  # steps only grow, as in training
     assert loads > 0
+
+
+# -- what the loader trusts, and what it says about files it cannot read ----------------------
+
+def _saved_file(directory: Path, state: dict) -> Path:
+    with CheckpointWriter(directory) as writer:
+        writer.save(state, step=1).result()
+    return list_checkpoints(directory)[0].rank_file(0)
+
+
+def _edit(path: Path, old: bytes, new: bytes) -> None:
+    data = path.read_bytes()
+    assert data.count(old) >= 1 and len(old) == len(new)
+    path.write_bytes(data.replace(old, new, 1))
+
+
+def test_a_newer_format_version_is_refused(tmp_path):
+    file = _saved_file(tmp_path, {"w": torch.ones(3)})
+    _edit(file, b'"flashstream.version":"1"', b'"flashstream.version":"9"')
+    with pytest.raises(ValueError, match="format version '9'.*reads version '1'"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_header_edited_in_a_copy_without_its_marker_is_caught(tmp_path):
+    file = _saved_file(tmp_path / "ckpt", {"w": torch.ones(3), "v": torch.zeros(2)})
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(file.read_bytes())
+    _edit(copy, b'"dtype":"F32"', b'"dtype":"I32"')  # still valid JSON, same sizes
+    from flashstream import ChecksumError
+    with pytest.raises(ChecksumError, match="<header>"):
+        load_checkpoint(copy)
+    assert load_checkpoint(copy, verify=False)["w"].dtype == torch.int32  # what verify catches
+
+
+def test_a_top_level_metadata_key_round_trips_and_safetensors_reads_the_file(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    state = {"__metadata__": torch.arange(3), "step": 7}
+    file = _saved_file(tmp_path, state)
+    assert_same(load_checkpoint(tmp_path), state)
+    assert list(safetensors.load_file(file)) == ["__metadata__~1"]
+
+
+def test_an_unknown_structure_node_names_the_file(tmp_path):
+    file = _saved_file(tmp_path, {"a": [1, 2]})
+    _edit(file, b'\\"L\\"', b'\\"Q\\"')
+    with pytest.raises(ValueError, match=f"{file}.*unknown node"):
+        load_checkpoint(file, verify=False)
+
+
+@pytest.mark.parametrize("zipfile", [True, False])
+def test_a_torch_save_file_is_named_as_such(tmp_path, zipfile):
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=zipfile)
+    with pytest.raises(ValueError, match="torch.save file.*torch.load"):
+        load_checkpoint(path)
+
+
+def test_a_header_past_safetensors_limit_warns(tmp_path, monkeypatch):
+    from flashstream.checkpoint import format as ckpt_format
+    monkeypatch.setattr(ckpt_format, "SAFETENSORS_MAX_HEADER", 4096)
+    state = {f"layer.{i}.a_rather_long_parameter_name": torch.zeros(1) for i in range(200)}
+    with CheckpointWriter(tmp_path) as writer, pytest.warns(UserWarning, match="safetensors"):
+        writer.save(state, step=1).result()
+    assert_same(load_checkpoint(tmp_path), state)  # flashstream itself still loads it
+
+
+def test_a_read_only_directory_fails_at_construction(tmp_path):
+    point = tmp_path / "ro"
+    point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "none", str(point)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    try:
+        with pytest.raises(OSError, match="not writable") as caught:
+            CheckpointWriter(point)
+        assert caught.value.errno == errno.EROFS
+    finally:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+_HOLDER = """
+import sys, time
+from flashstream import CheckpointWriter
+writer = CheckpointWriter(sys.argv[1])
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_writer_of_one_rank_is_refused_until_the_first_is_gone(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], env=child_env(),
+                             stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        # A temporary file as the other writer's save in flight would have it.
+        step = tmp_path / "step-000000001"
+        step.mkdir()
+        in_flight = step / f".rank-00000-of-00001.safetensors.{child.pid}.tmp"
+        in_flight.write_bytes(b"x")
+        with pytest.raises(RuntimeError, match=f"pid {child.pid}.*rank 0"):
+            CheckpointWriter(tmp_path)
+        assert in_flight.exists()  # the refused writer deleted nothing
+        with CheckpointWriter(tmp_path, rank=1, world_size=2):
+            pass  # another rank is another writer
+    finally:
+        child.kill()  # SIGKILL: the kernel drops the lock with the process
+        child.wait()
+    with CheckpointWriter(tmp_path) as writer:
+        assert not in_flight.exists()  # now stale: removed
+        writer.save({"w": torch.ones(2)}, step=2).result()
+    with CheckpointWriter(tmp_path):  # closed writers release the rank
+        pass
+
+
+def test_two_writers_in_one_process_are_refused_too(tmp_path):
+    with CheckpointWriter(tmp_path), pytest.raises(RuntimeError, match="another CheckpointWriter"):
+        CheckpointWriter(tmp_path)

@@ -81,7 +81,8 @@ class WriterConfig:
     read_slo: with rate="auto", a p95 in seconds for reads on the same drive; the save slows
         while reads miss it, never below what ``within`` needs.
     deadline_policy: with rate="auto", what a save does when ``within`` cannot be met without
-        filling the drive's write cache: "avoid-cliff" (finish late) or "meet-deadline".
+        filling the drive's write cache: "avoid-cliff" (the fastest cliff-free flat pace;
+        finish late) or "meet-deadline".
     """
 
     rate: Rate = None

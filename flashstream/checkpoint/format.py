@@ -17,6 +17,9 @@ Metadata (``__metadata__``, string values, as safetensors requires):
     flashstream.structure   the JSON skeleton of the state dict (see structure.py)
     flashstream.checksums   {"tensor name": "crc32c as 8 hex digits"} for every tensor
     flashstream.dtypes      {"tensor name": [torch dtype, shape]} for tensors stored as bytes
+    flashstream.header_crc32c  the CRC-32C of the whole header (prefix, JSON and padding) with
+                            this value's 8 hex digits read as "00000000": the header checks
+                            itself, also in a file copied without its commit marker
     flashstream.step / .rank / .world_size
 """
 
@@ -26,18 +29,26 @@ import dataclasses
 import json
 import math
 import struct
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .. import engine
+from ..errors import ChecksumError
 from .structure import TensorEntry
 
-__all__ = ["FORMAT_VERSION", "HEADER_ALIGNMENT", "Layout", "Slot", "StoredTensor",
-           "header_bytes", "parse_header", "plan", "torch_dtype"]
+__all__ = ["FORMAT_VERSION", "HEADER_ALIGNMENT", "SAFETENSORS_MAX_HEADER", "Layout", "Slot",
+           "StoredTensor", "check_header_crc", "header_bytes", "parse_header", "plan",
+           "torch_dtype"]
 
 FORMAT_VERSION = "1"
 HEADER_ALIGNMENT = 4096
+#: safetensors refuses headers longer than this (its MAX_HEADER_SIZE).
+SAFETENSORS_MAX_HEADER = 100_000_000
 _PREFIX = struct.Struct("<Q")
+_HEADER_CRC = b'"flashstream.header_crc32c":"'
+_NO_CRC = "00000000"
 
 # torch dtype -> safetensors dtype name.
 _SAFETENSORS_NAMES: Dict[torch.dtype, str] = {
@@ -108,7 +119,8 @@ def plan(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> Layout:
         nbytes = t.numel() * t.element_size()
         slots.append(Slot(entry.name, t.dtype, tuple(t.shape), offset, nbytes, t))
         offset += nbytes
-    meta = dict(metadata)
+    # The header's own checksum first: found at once, and its placeholder has its final width.
+    meta = {"flashstream.header_crc32c": _NO_CRC, **metadata}
     raw = {s.name: [str(s.dtype), list(s.shape)] for s in slots if s.stored_as_bytes}
     if raw:
         meta["flashstream.dtypes"] = json.dumps(raw)
@@ -116,6 +128,12 @@ def plan(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> Layout:
     # Checksums are fixed-width hex, so the placeholder header has the final header's length.
     unpadded = len(_header_json(layout, [0] * len(slots))) + _PREFIX.size
     layout.header_size = -(-unpadded // HEADER_ALIGNMENT) * HEADER_ALIGNMENT
+    if layout.header_size > SAFETENSORS_MAX_HEADER:
+        warnings.warn(f"this checkpoint's header is {layout.header_size:,} bytes ({len(slots):,} "
+                      f"tensors): flashstream loads it, but safetensors refuses headers over "
+                      f"{SAFETENSORS_MAX_HEADER:,} bytes (safetensors.torch.load_file will "
+                      f"fail); shorter or fewer tensor names keep it readable there",
+                      stacklevel=3)
     return layout
 
 
@@ -140,7 +158,29 @@ def header_bytes(layout: Layout, crcs: Sequence[int]) -> bytes:
     padded = body.ljust(layout.header_size - _PREFIX.size, b" ")
     if len(padded) != layout.header_size - _PREFIX.size:
         raise AssertionError("checkpoint header grew after layout")  # fixed-width checksums
-    return _PREFIX.pack(len(padded)) + padded
+    header = bytearray(_PREFIX.pack(len(padded)) + padded)
+    at = header.find(_HEADER_CRC) + len(_HEADER_CRC)
+    header[at:at + 8] = f"{engine.crc32c(bytes(header)):08x}".encode()
+    return bytes(header)
+
+
+def check_header_crc(header: bytes, path: str) -> bool:
+    """Verifies the header's own checksum; False for a header without one (written before it
+    existed, or by another tool). Raises ChecksumError when it does not match."""
+    at = header.find(_HEADER_CRC)
+    if at < 0:
+        return False
+    at += len(_HEADER_CRC)
+    recorded = bytes(header[at:at + 8])
+    blank = bytearray(header)
+    blank[at:at + 8] = _NO_CRC.encode()
+    try:
+        expected = int(recorded, 16)
+    except ValueError:
+        raise ChecksumError(path, "<header>", 0, len(header)) from None
+    if engine.crc32c(bytes(blank)) != expected:
+        raise ChecksumError(path, "<header>", 0, len(header))
+    return True
 
 
 @dataclasses.dataclass
@@ -163,18 +203,32 @@ def parse_header(prefix: bytes, path: str, file_size: int
     """
     if len(prefix) < _PREFIX.size:
         raise ValueError(f"{path}: {file_size} bytes is too short for a checkpoint header")
+    start = bytes(prefix[:4])
+    if start == b"PK\x03\x04":
+        raise ValueError(f"{path} is a torch.save file (a zip archive), not a safetensors "
+                         f"checkpoint: load it with torch.load")
+    if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise ValueError(f"{path} is a pickle (a legacy torch.save file), not a safetensors "
+                         f"checkpoint: load it with torch.load")
     (n,) = _PREFIX.unpack_from(prefix)
     header_size = _PREFIX.size + n
     if header_size > min(len(prefix), file_size):
-        raise ValueError(f"{path}: header length {n} at offset 0 runs past the end of the "
-                         f"file ({file_size} bytes)")
+        raise ValueError(f"{path} is not a safetensors checkpoint: its header length {n} at "
+                         f"offset 0 runs past the end of the file ({file_size} bytes)")
     try:
         header = json.loads(bytes(prefix[_PREFIX.size:header_size]))
+        if not isinstance(header, dict):
+            raise ValueError(f"a JSON {type(header).__name__}, not an object")
         metadata = header.pop("__metadata__", None) or {}
         checksums = json.loads(metadata.get("flashstream.checksums", "{}"))
         raw = json.loads(metadata.get("flashstream.dtypes", "{}"))
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, AttributeError) as err:
         raise ValueError(f"{path}: the header at offset 8 is not valid JSON ({err})") from None
+    version = metadata.get("flashstream.version")
+    if version is not None and version != FORMAT_VERSION:
+        raise ValueError(f"{path}: written in checkpoint format version {version!r}; this "
+                         f"flashstream reads version {FORMAT_VERSION!r} (a newer flashstream "
+                         f"wrote it?)")
     tensors = []
     for name, info in header.items():
         try:

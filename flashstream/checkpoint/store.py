@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -28,10 +29,9 @@ import stat
 from pathlib import Path
 from typing import List, Optional, Union
 
-__all__ = ["CheckpointInfo", "StepDir", "atomic_write_text", "by_commit", "fsync_dir",
-           "list_checkpoints",
-           "newest_complete", "prune", "read_latest", "remove_stale_temporaries",
-           "write_latest"]
+__all__ = ["CheckpointInfo", "StepDir", "WriterLock", "atomic_write_text", "by_commit",
+           "fsync_dir", "list_checkpoints", "newest_complete", "prune", "read_latest",
+           "remove_stale_temporaries", "write_latest"]
 
 PathLike = Union[str, os.PathLike]
 _STEP = re.compile(r"^step-(\d+)$")
@@ -237,8 +237,42 @@ def prune(directory: PathLike, keep: Optional[int], *, gradual: bool = False) ->
     return removed
 
 
+class WriterLock:
+    """One writer per rank and directory: an exclusive ``flock`` on
+    ``<directory>/.writer-rank-NNNNN.lock`` for as long as the writer lives. Two writers of one
+    rank would delete each other's temporary files, replace each other's committed files and
+    prune each other's steps; the second is refused instead. The kernel drops the lock when its
+    process dies (even by SIGKILL), so a crash never leaves the directory locked."""
+
+    def __init__(self, directory: PathLike, rank: int) -> None:
+        self.path = Path(directory) / f".writer-rank-{rank:05d}.lock"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise RuntimeError(
+                f"{directory}: another CheckpointWriter ({holder or 'another process'}) is "
+                f"writing rank {rank} here; two writers of one rank would replace and prune "
+                f"each other's checkpoints (close the other, or use another directory)"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # the lock goes with the descriptor; the file stays
+            self._fd = -1
+
+
 def remove_stale_temporaries(directory: PathLike, rank: int) -> None:
-    """Delete temporary files a killed earlier run of this rank left behind."""
+    """Delete temporary files a killed earlier run of this rank left behind (call it holding
+    the rank's :class:`WriterLock`: then no live writer owns them)."""
     prefix = f".rank-{rank:05d}-of-"
     for info in list_checkpoints(directory):
         for name in os.listdir(info.path):

@@ -13,6 +13,11 @@ Encoding of a value (JSON):
     {"D": [[key, value], ...]}    a dict (keys encoded the same way)
     {"L": [...]} / {"U": [...]}   a list / a tuple
     {"B": base64}                 bytes
+    {"C": [real, imag]}           a complex
+    {"S": [...]} / {"F": [...]}   a set / a frozenset
+    {"Y": "float32"}              a torch.dtype
+    {"V": "cuda:0"}               a torch.device
+    {"P": [dtype, value]}         a numpy scalar (np.float32(0.5), np.int64(3), ...)
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import torch
 
 __all__ = ["TensorEntry", "flatten", "unflatten", "SUPPORTED_TYPES"]
 
-SUPPORTED_TYPES = ("torch.Tensor", "numpy.ndarray", "dict", "list", "tuple", "str", "int",
-                   "float", "bool", "None", "bytes")
+SUPPORTED_TYPES = ("torch.Tensor", "numpy.ndarray", "dict", "list", "tuple", "set", "frozenset",
+                   "str", "int", "float", "complex", "bool", "None", "bytes", "numpy scalars",
+                   "torch.dtype", "torch.device")
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -79,7 +85,8 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
     Nothing is copied: the entries hold the caller's tensors (numpy arrays as CPU tensors).
     """
     entries: List[TensorEntry] = []
-    used: set = set()
+    # safetensors' header keeps its metadata under this key: a tensor there would replace it.
+    used: set = {"__metadata__"}
     active: set = set()  # ids of the containers being walked (a cycle would recurse forever)
 
     def name_for(path: Tuple[Any, ...]) -> str:
@@ -111,6 +118,21 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
             return value
         if isinstance(value, (bytes, bytearray)):
             return {"B": base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, complex):
+            return {"C": [value.real, value.imag]}
+        if isinstance(value, torch.dtype):
+            return {"Y": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"V": str(value)}
+        if isinstance(value, np.generic):
+            if value.dtype.hasobject or value.dtype.kind not in "biufc":
+                raise _unsupported(value, path, f" of dtype {value.dtype} (numeric only)")
+            return {"P": [value.dtype.str, walk(value.item(), path)]}
+        if isinstance(value, (set, frozenset)):
+            if id(value) in active:
+                raise TypeError(f"{_describe(path)}: the state dict contains itself (a cycle)")
+            items = [walk(v, path + (i,)) for i, v in enumerate(value)]
+            return {"S": items} if isinstance(value, set) else {"F": items}
         if isinstance(value, (dict, list, tuple)):
             if id(value) in active:
                 raise TypeError(f"{_describe(path)}: the state dict contains itself (a cycle)")
@@ -151,6 +173,23 @@ def unflatten(skeleton: Any, tensor: Callable[[str, Dict[str, Any]], Any]) -> An
             return tuple(build(v) for v in node["U"])
         if "B" in node:
             return base64.b64decode(node["B"])
+        if "C" in node:
+            return complex(*node["C"])
+        if "S" in node:
+            return {build(v) for v in node["S"]}
+        if "F" in node:
+            return frozenset(build(v) for v in node["F"])
+        if "Y" in node:
+            dtype = getattr(torch, node["Y"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown torch dtype {node['Y']!r} in the checkpoint's "
+                                 f"structure")
+            return dtype
+        if "V" in node:
+            return torch.device(node["V"])
+        if "P" in node:
+            dtype, item = node["P"]
+            return np.dtype(dtype).type(build(item))
         raise ValueError(f"unknown node in the checkpoint's structure: {sorted(node)}")
 
     return build(skeleton)

@@ -12,7 +12,9 @@ import contextlib
 import dataclasses
 import json
 import logging
+import operator
 import os
+import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+import torch
 
 from .. import engine
 from ..telemetry.device import device_of, online_discard
@@ -32,6 +35,7 @@ from .report import SaveReport
 from .staging import StagingBuffer, snapshot
 from .store import (
     StepDir,
+    WriterLock,
     atomic_write_text,
     fsync_dir,
     inspect_step,
@@ -50,6 +54,9 @@ _FIRST_TAIL_S = 0.2  # header, sync and commit of a save before one was timed
 # Pruning an older checkpoint before one was timed: unlinking a preallocated 1.3 GB file on
 # ext4 took 0.30-0.34 s here (freeing its extents), so ~0.25 s per GB.
 _FIRST_PRUNE_S_PER_BYTE = 0.25e-9
+# The same, a slice at a time on an online-discard filesystem (store.remove_step): 3.6 GB took
+# about 1.2 s on the emulated qlc benchmark here.
+_FIRST_GRADUAL_PRUNE_S_PER_BYTE = 0.35e-9
 
 
 class SaveHandle:
@@ -99,6 +106,45 @@ def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     return rank, world_size
 
 
+def _step_number(step: Any) -> int:
+    """An int from any integer a training loop holds: an int, a numpy integer, or a
+    one-element tensor holding a whole number (AdamW keeps its step as a float32 one)."""
+    if isinstance(step, torch.Tensor):
+        value = step.item() if step.numel() == 1 and step.dtype != torch.bool else None
+        if not isinstance(value, (int, float)) or value != int(value):
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        step = int(value)
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    step = operator.index(step)
+    if step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    return step
+
+
+#: Names that say "a file": torch.save's habits. CheckpointWriter takes a directory.
+_FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
+
+
+def _check_directory_name(directory: Path) -> None:
+    if directory.suffix.lower() in _FILE_SUFFIXES and not directory.is_dir():
+        raise ValueError(f"CheckpointWriter writes a directory of step directories, and "
+                         f"{str(directory)!r} names a file (torch.save writes one file); give a "
+                         f"directory such as {str(directory.with_suffix(''))!r}")
+
+
+def _check_writable(directory: Path) -> None:
+    """Raise now, not from the first save's result(), when nothing can be written here (a
+    read-only filesystem, no permission)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".flashstream-writable-", dir=directory)
+    except OSError as err:
+        raise OSError(err.errno, f"checkpoint directory {directory} is not writable: "
+                                 f"{err.strerror}", str(directory)) from None
+    os.close(fd)
+    os.unlink(name)
+
+
 class CheckpointWriter:
     """Asynchronous, paced, crash-safe checkpoints of training state.
 
@@ -119,8 +165,11 @@ class CheckpointWriter:
                  **options: Any) -> None:
         self.config = WriterConfig(**options)
         self.directory = Path(directory)
+        _check_directory_name(self.directory)
         self.rank, self.world_size = _world(rank, world_size)
         self.directory.mkdir(parents=True, exist_ok=True)
+        _check_writable(self.directory)
+        self._lock_file = WriterLock(self.directory, self.rank)
         remove_stale_temporaries(self.directory, self.rank)
         self._staging = StagingBuffer(pinned=pinned)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
@@ -135,7 +184,8 @@ class CheckpointWriter:
         # Seconds from the last data byte to the save's end (header, sync, commit): with
         # rate="auto" the data write must leave that much of ``within`` over.
         self._tail_s = _FIRST_TAIL_S
-        self._prune_s_per_byte = _FIRST_PRUNE_S_PER_BYTE
+        self._prune_s_per_byte = (_FIRST_GRADUAL_PRUNE_S_PER_BYTE if self._online_discard
+                                  else _FIRST_PRUNE_S_PER_BYTE)
         self._prune_s = 0.0  # the last save's pruning (part of its tail, timed apart)
 
     # -- saving ---------------------------------------------------------------------------
@@ -150,8 +200,7 @@ class CheckpointWriter:
         """
         if self._closed:
             raise ValueError("save() on a closed CheckpointWriter")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        step = _step_number(step)
         started = time.perf_counter()
         previous = self._pending
         if previous is not None and not previous.done():
@@ -355,7 +404,10 @@ class CheckpointWriter:
         if self._closed:
             return
         self._closed = True
-        self._executor.shutdown(wait=True)
+        try:
+            self._executor.shutdown(wait=True)
+        finally:
+            self._lock_file.release()
         self._staging.release()
         self._raise_unobserved(self._pending)
 
