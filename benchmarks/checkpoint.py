@@ -15,7 +15,7 @@ others), the end-to-end write GB/s and its ratio to fio's sequential write of th
 their idle p95. A table and the targets go to stdout, everything to JSON, and write GB/s over
 time per writer to a PNG.
 
---emulate plc|qlc runs a different benchmark (benchmarks/_emulated.py): the drive throttled
+--emulate plc|qlc|random runs a different benchmark (benchmarks/_emulated.py): the drive throttled
 into an SLC-cache drive, repeated saves larger than its cache with deadlines, an open-loop
 reader beside them, for unpaced, fixed, auto and auto + read_slo writers.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -287,8 +288,8 @@ def parse_args(argv=None):
     p.add_argument("--dir", type=Path, default=Path("bench-data/checkpoint"),
                    help="where the checkpoints go (on the drive under test)")
     p.add_argument("--size", default=None,
-                   help="tensor bytes of the state dict (default 2GiB; with --emulate 1.25 x "
-                        "the emulated cache)")
+                   help="tensor bytes of the state dict (default 2GiB; with --emulate 1.2 x "
+                        "the size at which an unpaced save meets the emulated cliff)")
     p.add_argument("--saves", type=int, default=3,
                    help="saves per writer; the first one is reported apart (default 3)")
     p.add_argument("--writers", default=",".join(WRITERS),
@@ -320,15 +321,19 @@ def parse_args(argv=None):
     p.add_argument("--probe-size", default="1GiB", help="the probe's temporary file size")
     p.add_argument("--no-fio", action="store_true", help="leave out fio's sequential write")
     emulated = p.add_argument_group("--emulate (an emulated SLC-cache drive; needs root)")
-    emulated.add_argument("--emulate", choices=("plc", "qlc"), default=None,
-                          help="run the emulated-drive benchmark with this profile")
+    emulated.add_argument("--emulate", choices=("plc", "qlc", "random"), default=None,
+                          help="run the emulated-drive benchmark with this profile (random: "
+                               "a drive drawn from flashstream.emulation.RANDOM_RANGES)")
+    emulated.add_argument("--seed", type=int, default=None,
+                          help="--emulate random: the draw's seed (default: a fresh one, "
+                               "printed and kept in the JSON)")
     emulated.add_argument("--cache-size", default=None,
                           help="the emulated cache (default: the profile's, scaled)")
     emulated.add_argument("--gap", type=float, default=None,
                           help="seconds between saves (default: saves average 85%% of the "
                                "cache's drain rate)")
     emulated.add_argument("--within", type=float, default=None,
-                          help="each save's deadline after it is due (default: half the gap)")
+                          help="each save's deadline after it is due (default: 0.8 x the gap)")
     emulated.add_argument("--modes", default=",".join(_emulated.MODES),
                           help=f"writers, from {', '.join(_emulated.MODES)}")
     emulated.add_argument("--reader-rate", type=float, default=250.0,
@@ -348,6 +353,8 @@ def parse_args(argv=None):
     args.json = args.json or Path(f"bench-results/{name}.json")
     args.plot = args.plot or args.json.with_suffix(".png")
     if args.emulate:
+        if args.emulate == "random" and args.seed is None:
+            args.seed = random.SystemRandom().randrange(1 << 31)
         args.emulate_size = args.size
         args.modes = _chosen(p, args.modes, _emulated.MODES, "--modes")
         args.chunk_size = parse_size(args.chunk_size, name="--chunk-size")

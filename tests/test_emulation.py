@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import time
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import child_env
 
-from flashstream.emulation import CacheModel, DriveSettings, profile_settings, throttle_support
+from flashstream.emulation import (
+    RANDOM_RANGES,
+    CacheModel,
+    DriveSettings,
+    profile_settings,
+    random_settings,
+    throttle_support,
+)
 from flashstream.emulation.cgroup import PREFIX, V1_ROOT, V2_ROOT
 
 MiB = 1 << 20
@@ -59,6 +67,23 @@ def test_profiles_scale_to_the_drive_and_check_settings():
         profile_settings("plc", 1e9, bogus=1)
     with pytest.raises(ValueError, match="drain_rate"):
         DriveSettings(cache_size="1GiB", post_cache_rate="100MB", drain_rate="200MB")
+
+
+def test_random_drives_fall_in_the_documented_range():
+    rng = random.Random(7)
+    for _ in range(200):
+        s = random_settings(1e9, rng)
+        fast = 0.9e9
+        post = s.post_cache_rate / fast
+        assert RANDOM_RANGES["post_cache"][0] <= post <= RANDOM_RANGES["post_cache"][1]
+        seconds = s.cache_size / fast
+        assert RANDOM_RANGES["cache_seconds"][0] - 1e-6 <= seconds <= RANDOM_RANGES[
+            "cache_seconds"][1]
+        share = s.drain_rate / s.post_cache_rate
+        assert RANDOM_RANGES["drain_share"][0] <= share <= RANDOM_RANGES["drain_share"][1]
+    assert random_settings(1e9, random.Random(3)) == random_settings(1e9, random.Random(3))
+    with pytest.raises(ValueError, match="write_rate"):
+        random_settings(0, random.Random(1))
 
 
 needs_throttle = pytest.mark.skipif(

@@ -58,9 +58,15 @@ def test_a_deadline_gives_the_flattest_cliff_free_rate():
 def test_a_deadline_that_needs_the_cliff_follows_the_policy():
     kw = dict(total=3000 * MiB, cache_size=500 * MiB, recovery_rate=100 * MiB, deadline=10.0)
     avoid = CachePlanner(**kw)
+    first = avoid.rate()
     seconds, peak = _run(avoid, drive_rate=1000 * MiB)
     assert avoid.conflict and seconds > 10.0  # late, but out of the cliff
     assert peak <= 0.85 * 500 * MiB + 50 * MiB
+    # Flat, not a burst: the fastest pace that ends at the headroom, R * recovery / (R - limit),
+    # which beats filling the headroom unpaced and then sustaining at 0.9 x recovery.
+    assert first == pytest.approx(3000 / (3000 - 425) * 100 * MiB)
+    burst_then_sustain = (3000 - 425) / 90
+    assert seconds < 0.95 * burst_then_sustain
     meet = CachePlanner(**kw, settings=PlanSettings(deadline_policy="meet-deadline"))
     seconds, peak = _run(meet, drive_rate=1000 * MiB)
     assert meet.conflict and seconds <= 10.0 and peak > 500 * MiB

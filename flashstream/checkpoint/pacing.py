@@ -9,9 +9,9 @@ recovery rate since, plus every byte this save writes, less what the drive folds
   reads the most of the drive at every moment). If that fills the cache past ``headroom`` of
   its size before the end, no schedule meets the deadline without the cliff (each has the
   same drain to spend over the time left): a conflict, warned once; then ``deadline_policy``
-  says what to do: "avoid-cliff" (default) writes unpaced while the headroom lasts, then at
-  the sustained rate, and finishes late; "meet-deadline" keeps the flat rate and enters the
-  cliff.
+  says what to do: "avoid-cliff" (default) paces at the fastest flat rate that ends with the
+  cache at its headroom, and finishes late; "meet-deadline" keeps the flat rate and enters
+  the cliff.
 - Without one, it writes unpaced while the estimated headroom lasts, then at ``sustain`` x
   the recovery rate, which the cache absorbs indefinitely.
 - ``read_slo`` (a p95 in seconds for reads on the same drive) lowers the rate while reads miss
@@ -129,7 +129,18 @@ class CachePlanner:
         self.conflict = True
         if self.settings.deadline_policy == "meet-deadline":
             return 0.0 if not math.isfinite(needed) else needed
-        return asap
+        return self._fastest_cliff_free(remaining)
+
+    def _fastest_cliff_free(self, remaining: float) -> float:
+        """The fastest flat pace that ends with the cache at its headroom: writing R bytes at r
+        ends at fill + R - recovery * R / r, so r = recovery * R / (fill + R - limit). It
+        finishes sooner than filling the headroom unpaced and then sustaining (by 1/sustain),
+        and it never bursts at the reads beside it; never below the sustained pace."""
+        sustained = self.settings.sustain * self.recovery
+        excess = self.fill + self.lead + remaining - self.limit
+        if excess <= 0:
+            return 0.0  # all of it fits in the headroom
+        return max(sustained, self.recovery * remaining / excess)
 
 
 

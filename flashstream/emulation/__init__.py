@@ -3,7 +3,15 @@ kernel's block-I/O throttle, for tests, benchmarks and users without such a driv
 
 from .cgroup import ThrottleGroup, ThrottleUnavailable, throttle_support
 from .emulator import DriveEmulator, EmulatorPoint
-from .model import PROFILES, CacheModel, DriveSettings, profile_settings
+from .model import (
+    PROFILES,
+    RANDOM_RANGES,
+    CacheModel,
+    DriveSettings,
+    profile_settings,
+    random_settings,
+)
 
 __all__ = ["CacheModel", "DriveEmulator", "DriveSettings", "EmulatorPoint", "PROFILES",
-           "ThrottleGroup", "ThrottleUnavailable", "profile_settings", "throttle_support"]
+           "RANDOM_RANGES", "ThrottleGroup", "ThrottleUnavailable", "profile_settings",
+           "random_settings", "throttle_support"]

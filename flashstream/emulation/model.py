@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional
+import random
+from typing import Dict, Optional, Tuple
 
 from ..sizes import Size, format_size, parse_size
 from ..telemetry.write_model import drained
 
-__all__ = ["CacheModel", "CacheState", "DriveSettings", "PROFILES", "profile_settings"]
+__all__ = ["CacheModel", "CacheState", "DriveSettings", "PROFILES", "RANDOM_RANGES",
+           "profile_settings", "random_settings"]
 
 
 def _rate(value: Size, name: str) -> float:
@@ -128,6 +130,28 @@ def profile_settings(name: str, write_rate: float, **overrides: Size) -> DriveSe
         fields["drain_rate"] = min(fields["drain_rate"],
                                    _rate(fields["post_cache_rate"], "post_cache_rate"))
     return DriveSettings(**fields)
+
+
+# The range random_settings draws from (uniformly), as shares of the fast rate like PROFILES; it
+# spans both profiles and beyond: post-cache 20-45% of fast (plc 25%, qlc 38%), 0.8-1.8 s of
+# fast writing in the cache, folding at 60-100% of the post-cache rate (the profiles fold at
+# 100%), reads held to 2-5% of fast in the cliff.
+RANDOM_RANGES: Dict[str, Tuple[float, float]] = {
+    "post_cache": (0.20, 0.45), "cache_seconds": (0.8, 1.8), "drain_share": (0.6, 1.0),
+    "fold_read": (0.02, 0.05)}
+
+
+def random_settings(write_rate: float, rng: random.Random) -> DriveSettings:
+    """A drive drawn from :data:`RANDOM_RANGES`, scaled to ``write_rate`` as
+    :func:`profile_settings` scales a profile: for checks on parameters nobody tuned for."""
+    if not write_rate > 0 or not math.isfinite(write_rate):
+        raise ValueError(f"write_rate must be a positive number of bytes/s, got {write_rate!r}")
+    draw = {name: rng.uniform(lo, hi) for name, (lo, hi) in RANDOM_RANGES.items()}
+    fast = 0.9 * write_rate
+    post = draw["post_cache"] * fast
+    return DriveSettings(cache_size=int(draw["cache_seconds"] * fast), post_cache_rate=post,
+                         drain_rate=draw["drain_share"] * post, fast_rate=fast,
+                         fold_read_rate=draw["fold_read"] * fast)
 
 
 @dataclasses.dataclass
