@@ -502,3 +502,17 @@ def test_loading_into_a_state_copies_in_place_and_keeps_no_view_of_the_read_buff
     assert_same(out["optim"], expected["optim"])
     with pytest.raises(ValueError, match=r"\['model'\]\['0.weight'\].*float32 \[8, 8\]"):
         load_checkpoint(tmp_path, into={"model": {"0.weight": torch.zeros(4, 8)}})
+
+
+@pytest.mark.parametrize("reserve", ["state", "size"])
+def test_staging_reserved_at_construction_serves_the_first_save(tmp_path, reserve):
+    state = training_state(1, width=256)
+    nbytes = sum(t.numel() * t.element_size() for t in state["model"].values()) * 3
+    with CheckpointWriter(tmp_path, reserve=state if reserve == "state" else nbytes) as writer:
+        assert writer._staging.allocations == 1 and writer._staging.capacity >= nbytes
+        writer.save(state, step=1).result()
+        writer.save(state, step=2).result()
+        assert writer._staging.allocations == 1  # no save had to allocate
+    assert_same(load_checkpoint(tmp_path), state)
+    with pytest.raises(ValueError, match="reserve"):
+        CheckpointWriter(tmp_path / "bad", reserve="lots")

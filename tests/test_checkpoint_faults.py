@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from ckpt_child import state_for
@@ -191,3 +192,97 @@ def test_a_second_writer_of_one_rank_is_refused_until_the_first_is_gone(tmp_path
 def test_two_writers_in_one_process_are_refused_too(tmp_path):
     with CheckpointWriter(tmp_path), pytest.raises(RuntimeError, match="another CheckpointWriter"):
         CheckpointWriter(tmp_path)
+
+
+# -- review cases: clocks, mapped readers, leaked locks, headers that look like pickles --------
+
+def test_the_step_just_committed_survives_a_marker_clock_ahead(tmp_path):
+    import json as _json
+    with CheckpointWriter(tmp_path, keep=1) as writer:
+        writer.save({"step": 300}, step=300).result()
+    marker = next((tmp_path / "step-000000300").glob("*.done"))
+    fields = _json.loads(marker.read_text())
+    fields["time"] += 60  # the old run's host clock ran ahead
+    marker.write_text(_json.dumps(fields))
+    with CheckpointWriter(tmp_path, keep=1) as writer:
+        writer.save({"step": 310}, step=310).result()
+    assert [c.step for c in list_checkpoints(tmp_path)] == [310]
+    assert (tmp_path / "latest").read_text().strip() == "step-000000310"
+    assert load_checkpoint(tmp_path)["step"] == 310
+
+
+_MAPPED_READER = """
+import sys
+from flashstream import load_checkpoint, list_checkpoints
+from flashstream.checkpoint import store
+directory = sys.argv[1]
+state = load_checkpoint(directory, mmap=True)
+step = list_checkpoints(directory)[0]
+store.remove_step(step.path, gradual=True)  # as a writer's keep= would, beside this reader
+print(float(state["w"].sum()), flush=True)  # the mapped pages must still be there
+"""
+
+
+def test_gradual_removal_leaves_a_file_whole_while_another_reader_maps_it(tmp_path):
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save({"w": torch.ones(4 << 20)}, step=1).result()
+    out = subprocess.run([sys.executable, "-c", _MAPPED_READER, str(tmp_path)],
+                         env=child_env(), capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert float(out.stdout) == 4 << 20
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_loading_into_a_state_leaves_no_export_of_the_read_buffer(tmp_path, monkeypatch):
+    import gc
+    import mmap as mmap_module
+
+    from flashstream.checkpoint import loader
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save({"model": {"w": torch.ones(8)}, "new": torch.arange(5),
+                     "arr": np.arange(3.0)}, step=1).result()
+    buffers = []
+
+    class Recording(mmap_module.mmap):
+        def __new__(cls, *args, **kwargs):
+            buffers.append(super().__new__(cls, *args, **kwargs))
+            return buffers[-1]
+
+    monkeypatch.setattr(loader._mmap, "mmap", Recording)
+    target = {"model": {"w": torch.zeros(8)}}
+    out = load_checkpoint(tmp_path, into=target)
+    assert torch.equal(out["new"], torch.arange(5)) and list(out["arr"]) == [0.0, 1.0, 2.0]
+    gc.collect()
+    assert len(buffers) == 1
+    buffers[0].close()  # BufferError if any loaded value were still a view of it
+
+
+def test_a_writer_dropped_without_close_frees_its_rank(tmp_path):
+    import gc
+    writer = CheckpointWriter(tmp_path)
+    writer._executor.shutdown(wait=True)
+    del writer
+    gc.collect()
+    CheckpointWriter(tmp_path).close()
+
+
+def test_a_safetensors_header_of_640_bytes_is_not_taken_for_a_pickle(tmp_path):
+    import json as _json
+    import struct
+    header = _json.dumps({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    body = header.encode().ljust(640, b" ")  # 640 = 0x0280: starts like a pickle
+    path = tmp_path / "plain.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body)) + body + struct.pack("<f", 2.5))
+    assert load_checkpoint(path)["x"].item() == 2.5
+
+
+def test_numpy_scalars_keep_their_type_and_long_double_is_refused(tmp_path):
+    state = {"f64": np.float64(0.25), "c128": np.complex128(1j), "i8": np.int8(-3)}
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save(state, step=1).result()
+        if np.dtype(np.longdouble).itemsize > 8:  # x86: 80-bit, no Python float holds it
+            with pytest.raises(TypeError, match=r"\['ld'\]"):
+                writer.save({"ld": np.longdouble(1) / 3}, step=2)
+    loaded = load_checkpoint(tmp_path)
+    assert loaded == state and all(type(loaded[k]) is type(v) for k, v in state.items())

@@ -195,6 +195,18 @@ class StoredTensor:
     crc: Optional[int]
 
 
+def _not_safetensors(prefix: bytes, path: str) -> None:
+    """Name a torch.save file as such (only once the header failed to parse: a valid header
+    length can begin with the same bytes as a pickle)."""
+    start = bytes(prefix[:4])
+    if start == b"PK\x03\x04":
+        raise ValueError(f"{path} is a torch.save file (a zip archive), not a safetensors "
+                         f"checkpoint: load it with torch.load")
+    if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise ValueError(f"{path} is a pickle (a legacy torch.save file), not a safetensors "
+                         f"checkpoint: load it with torch.load")
+
+
 def parse_header(prefix: bytes, path: str, file_size: int
                  ) -> Tuple[int, Dict[str, str], List[StoredTensor]]:
     """(header_size, metadata, tensors) from the file's first bytes (at least the header).
@@ -203,16 +215,10 @@ def parse_header(prefix: bytes, path: str, file_size: int
     """
     if len(prefix) < _PREFIX.size:
         raise ValueError(f"{path}: {file_size} bytes is too short for a checkpoint header")
-    start = bytes(prefix[:4])
-    if start == b"PK\x03\x04":
-        raise ValueError(f"{path} is a torch.save file (a zip archive), not a safetensors "
-                         f"checkpoint: load it with torch.load")
-    if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        raise ValueError(f"{path} is a pickle (a legacy torch.save file), not a safetensors "
-                         f"checkpoint: load it with torch.load")
     (n,) = _PREFIX.unpack_from(prefix)
     header_size = _PREFIX.size + n
     if header_size > min(len(prefix), file_size):
+        _not_safetensors(prefix, path)
         raise ValueError(f"{path} is not a safetensors checkpoint: its header length {n} at "
                          f"offset 0 runs past the end of the file ({file_size} bytes)")
     try:
@@ -223,6 +229,7 @@ def parse_header(prefix: bytes, path: str, file_size: int
         checksums = json.loads(metadata.get("flashstream.checksums", "{}"))
         raw = json.loads(metadata.get("flashstream.dtypes", "{}"))
     except (ValueError, UnicodeDecodeError, AttributeError) as err:
+        _not_safetensors(prefix, path)
         raise ValueError(f"{path}: the header at offset 8 is not valid JSON ({err})") from None
     version = metadata.get("flashstream.version")
     if version is not None and version != FORMAT_VERSION:

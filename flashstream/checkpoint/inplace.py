@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
+import numpy as np
 import torch
 
 __all__ = ["copy_into"]
@@ -23,6 +24,11 @@ def copy_into(target: Any, loaded: Any, path: Tuple[Any, ...] = ()) -> Any:
     shape and dtype (any device), dicts updated key by key, lists updated in place, everything
     else replaced. Returns the merged value (``target`` itself for dicts, lists and tensors).
     Raises ValueError naming the key path where a tensor's shape or dtype differs."""
+    if isinstance(loaded, np.ndarray) and isinstance(target, np.ndarray) and \
+            target.shape == loaded.shape and target.dtype == loaded.dtype and \
+            target.flags.writeable:
+        np.copyto(target, loaded)
+        return target
     if isinstance(loaded, torch.Tensor):
         if isinstance(target, torch.Tensor):
             if target.shape != loaded.shape or target.dtype != loaded.dtype:
@@ -47,15 +53,17 @@ def copy_into(target: Any, loaded: Any, path: Tuple[Any, ...] = ()) -> Any:
 
 
 def _owned(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor with storage of its own (not a view of the read buffer)."""
-    if tensor.device.type == "cpu" and tensor.untyped_storage().nbytes() != tensor.nbytes:
-        return tensor.clone()
-    return tensor
+    """A tensor with memory of its own: every CPU tensor of a load is a view of the read
+    buffer (its storage looks like its own, but it holds the buffer), so it is copied; a
+    tensor moved to another device already is a copy."""
+    return tensor.clone() if tensor.device.type == "cpu" else tensor
 
 
 def _owned_all(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _owned(value)
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True)
     if isinstance(value, dict):
         return {k: _owned_all(v) for k, v in value.items()}
     if isinstance(value, list):

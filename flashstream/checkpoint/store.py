@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
 import re
 import shutil
 import stat
+import warnings
 from pathlib import Path
 from typing import List, Optional, Union
 
@@ -162,8 +164,15 @@ def list_checkpoints(directory: PathLike) -> List[CheckpointInfo]:
 
 
 def newest_complete(directory: PathLike) -> Optional[CheckpointInfo]:
-    """The last complete checkpoint committed (see :func:`by_commit`)."""
-    complete = by_commit(list_checkpoints(directory))
+    """The last complete checkpoint committed: the one ``latest`` names when it is complete
+    (the writer points it at each commit), else the last by the markers' commit times (see
+    :func:`by_commit`)."""
+    checkpoints = list_checkpoints(directory)
+    named = read_latest(directory)
+    for c in checkpoints:
+        if c.complete and c.path.name == named:
+            return c
+    complete = by_commit(checkpoints)
     return complete[-1] if complete else None
 
 
@@ -195,10 +204,47 @@ def remove_step(path: Path, *, gradual: bool = False) -> None:
         if _MARKER.match(name):
             os.unlink(path / name)
     if gradual:
-        for name in sorted(os.listdir(path)):
-            with contextlib.suppress(OSError):  # rmtree below removes what is left
-                _shrink(path / name)
+        files = [path / name for name in sorted(os.listdir(path))]
+        busy = _open_elsewhere(files)
+        for file in files:
+            if file not in busy:  # shrinking a file another process maps would SIGBUS it
+                with contextlib.suppress(OSError):  # rmtree below removes what is left
+                    _shrink(file)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _open_elsewhere(files: List[Path], proc: str = "/proc") -> set:
+    """Those of ``files`` that a process of this machine has open or mapped (an eval job
+    that loaded with mmap=True, a loader mid-read): they are unlinked whole, which keeps their
+    data for those readers; shrinking them would cut it away under them."""
+    ids = {}
+    for file in files:
+        with contextlib.suppress(OSError):
+            st = os.stat(file)
+            ids[(st.st_dev, st.st_ino)] = file
+    if not ids:
+        return set()
+    maps = {(f"{os.major(dev):02x}:{os.minor(dev):02x}", str(ino)): f
+            for (dev, ino), f in ids.items()}
+    busy = set()
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        maps_file = os.path.join(proc, pid, "maps")
+        with contextlib.suppress(OSError), open(maps_file, encoding="utf-8",
+                                                errors="replace") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) >= 5 and (fields[3], fields[4]) in maps:
+                    busy.add(maps[(fields[3], fields[4])])
+        with contextlib.suppress(OSError):
+            fd_dir = os.path.join(proc, pid, "fd")
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(fd_dir, fd))
+                    if (st.st_dev, st.st_ino) in ids:
+                        busy.add(ids[(st.st_dev, st.st_ino)])
+    return busy
 
 
 def _shrink(file: Path) -> None:
@@ -215,13 +261,18 @@ def _shrink(file: Path) -> None:
         os.close(fd)
 
 
-def prune(directory: PathLike, keep: Optional[int], *, gradual: bool = False) -> List[Path]:
+def prune(directory: PathLike, keep: Optional[int], *, gradual: bool = False,
+          newest: Optional[int] = None) -> List[Path]:
     """Keep the newest ``keep`` complete checkpoints; remove older ones and older incomplete
     leftovers. Incomplete steps newer than the newest complete one may still be in progress
     on other ranks and are left alone. Returns what was removed. ``gradual``: see
-    :func:`remove_step`."""
+    :func:`remove_step`. ``newest``: the step just committed, the newest whatever the
+    markers' clocks say (they come from other hosts and runs), so it is never removed."""
     checkpoints = list_checkpoints(directory)
     complete = by_commit(checkpoints)
+    if newest is not None:
+        complete = ([c for c in complete if c.step != newest]
+                    + [c for c in complete if c.step == newest])
     if not complete:
         return []
     newest = complete[-1].step
@@ -245,11 +296,21 @@ class WriterLock:
     process dies (even by SIGKILL), so a crash never leaves the directory locked."""
 
     def __init__(self, directory: PathLike, rank: int) -> None:
+        self._fd = -1
         self.path = Path(directory) / f".writer-rank-{rank:05d}.lock"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                if err.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
+                    warnings.warn(f"{directory}: this filesystem does not lock files "
+                                  f"({os.strerror(err.errno)}); nothing stops a second writer "
+                                  f"of rank {rank} here", stacklevel=3)
+                    self._fd = fd
+                    return
+                os.close(fd)
+                raise
             holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip()
             os.close(fd)
             raise RuntimeError(
@@ -268,6 +329,9 @@ class WriterLock:
         if self._fd >= 0:
             os.close(self._fd)  # the lock goes with the descriptor; the file stays
             self._fd = -1
+
+    def __del__(self) -> None:  # a writer dropped without close() frees its rank
+        self.release()
 
 
 def remove_stale_temporaries(directory: PathLike, rank: int) -> None:

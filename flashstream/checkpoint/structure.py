@@ -114,6 +114,12 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
             array = np.ascontiguousarray(value)
             entries.append(TensorEntry(name, torch.from_numpy(array), _describe(path), True))
             return {"N": name}
+        if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+            item = value.item()  # np.float64 and np.complex128 are float and complex too
+            if not isinstance(item, (bool, int, float, complex)):  # np.longdouble stays numpy
+                raise _unsupported(value, path, f" of dtype {value.dtype} (no Python "
+                                                f"equivalent)")
+            return {"P": [value.dtype.str, walk(item, path)]}
         if isinstance(value, _SCALARS):
             return value
         if isinstance(value, (bytes, bytearray)):
@@ -124,10 +130,8 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
             return {"Y": str(value).removeprefix("torch.")}
         if isinstance(value, torch.device):
             return {"V": str(value)}
-        if isinstance(value, np.generic):
-            if value.dtype.hasobject or value.dtype.kind not in "biufc":
-                raise _unsupported(value, path, f" of dtype {value.dtype} (numeric only)")
-            return {"P": [value.dtype.str, walk(value.item(), path)]}
+        if isinstance(value, np.generic) and not isinstance(value, _SCALARS):
+            raise _unsupported(value, path, f" of dtype {value.dtype} (numeric only)")
         if isinstance(value, (set, frozenset)):
             if id(value) in active:
                 raise TypeError(f"{_describe(path)}: the state dict contains itself (a cycle)")

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import operator
 import os
 import tempfile
@@ -25,11 +26,12 @@ import numpy as np
 import torch
 
 from .. import engine
+from ..sizes import parse_size
 from ..telemetry.device import device_of, online_discard
 from ..telemetry.histogram import LatencyHistogram
 from ..telemetry.write_model import WriteModel, learn_from_save, load_model
 from .config import WriterConfig
-from .format import FORMAT_VERSION, Layout, header_bytes, plan
+from .format import FORMAT_VERSION, HEADER_ALIGNMENT, Layout, header_bytes, plan
 from .pacing import PlanSettings, SaveController, plan_save
 from .report import SaveReport
 from .staging import StagingBuffer, snapshot
@@ -106,12 +108,24 @@ def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     return rank, world_size
 
 
+def _reserved_bytes(reserve: Any, alignment: int) -> int:
+    """Staging bytes for ``reserve=``: a size (tensor bytes; a header's worth more), or the
+    file a state dict like it would make."""
+    if isinstance(reserve, (int, str)) and not isinstance(reserve, bool):
+        size = parse_size(reserve, name="reserve") + HEADER_ALIGNMENT
+    else:
+        skeleton, entries = flatten(reserve)
+        size = plan(entries, {"flashstream.structure": json.dumps(skeleton),
+                              "flashstream.step": "0" * 20}).file_size
+    return -(-size // alignment) * alignment
+
+
 def _step_number(step: Any) -> int:
     """An int from any integer a training loop holds: an int, a numpy integer, or a
     one-element tensor holding a whole number (AdamW keeps its step as a float32 one)."""
     if isinstance(step, torch.Tensor):
         value = step.item() if step.numel() == 1 and step.dtype != torch.bool else None
-        if not isinstance(value, (int, float)) or value != int(value):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         step = int(value)
     if isinstance(step, bool) or not hasattr(step, "__index__"):
@@ -156,22 +170,31 @@ class CheckpointWriter:
     Keyword arguments are those of :class:`WriterConfig` (rate, within, keep, if_busy,
     chunk_size, paced_chunk_size, queue_depth, engine, direct, commit_timeout, interval,
     adaptive, snapshot, read_slo, deadline_policy), plus ``rank``
-    and ``world_size`` (default: torch.distributed's when initialized, else 0 of 1) and
-    ``pinned`` (staging in page-locked memory; default: when CUDA is available).
+    and ``world_size`` (default: torch.distributed's when initialized, else 0 of 1),
+    ``pinned`` (staging in page-locked memory; default: when CUDA is available) and
+    ``reserve`` (a state dict like the ones to be saved, or a size such as ``"2GiB"``: the
+    staging memory is allocated and faulted in now, so the first save is not the slow one).
     """
 
     def __init__(self, directory: Union[str, os.PathLike], *, rank: Optional[int] = None,
                  world_size: Optional[int] = None, pinned: Optional[bool] = None,
-                 **options: Any) -> None:
+                 reserve: Any = None, **options: Any) -> None:
         self.config = WriterConfig(**options)
         self.directory = Path(directory)
         _check_directory_name(self.directory)
         self.rank, self.world_size = _world(rank, world_size)
+        self._staging = StagingBuffer(pinned=pinned)
+        reserved = None if reserve is None else _reserved_bytes(reserve, self._staging.alignment)
         self.directory.mkdir(parents=True, exist_ok=True)
         _check_writable(self.directory)
         self._lock_file = WriterLock(self.directory, self.rank)
-        remove_stale_temporaries(self.directory, self.rank)
-        self._staging = StagingBuffer(pinned=pinned)
+        try:
+            remove_stale_temporaries(self.directory, self.rank)
+            if reserved is not None:
+                self._staging.reserve(reserved)
+        except BaseException:
+            self._lock_file.release()
+            raise
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
         self._pending: Optional[SaveHandle] = None
         self._lock = threading.Lock()
@@ -369,7 +392,8 @@ class CheckpointWriter:
             time.sleep(_POLL_S)
         write_latest(self.directory, info)
         started = time.perf_counter()
-        if prune(self.directory, self.config.keep, gradual=self._online_discard):
+        if prune(self.directory, self.config.keep, gradual=self._online_discard,
+                 newest=step_dir.step):
             self._prune_s = time.perf_counter() - started
             self._prune_s_per_byte = self._prune_s / max(file_size, 1)
 
