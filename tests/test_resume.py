@@ -307,7 +307,7 @@ def test_real_gloo_ranks_resume(shards, tmp_path):
 
 
 @pytest.mark.parametrize("page", ["shardstream.md", "pipeline.md", "tensors.md",
-                                  "migrating.md"])
+                                  "migrating.md", "checkpoint.md"])
 def test_docs_examples_run(tmp_path, monkeypatch, page):
     """The blocks of a docs page marked ``<!-- test: run -->``, in order, on the data the
     pages describe."""
