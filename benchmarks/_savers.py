@@ -4,10 +4,13 @@ and the ShardStream reader that runs beside a save."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -18,6 +21,7 @@ import torch
 
 import flashstream
 from flashstream.cache import evict
+from flashstream.sizes import format_size
 from flashstream.telemetry.diskstats import DiskSampler
 from flashstream.telemetry.histogram import LatencyHistogram
 from flashstream.telemetry.probe import ProbeResult
@@ -61,6 +65,10 @@ class TrainingState:
                 "layers": len(self.model), "width": self.width,
                 "parameters": sum(p.numel() for p in self.model.parameters())}
 
+    def summary(self) -> str:
+        return (f"{format_size(self.tensor_bytes)} in {len(self.tensors)} tensors "
+                f"({len(self.model)} Linear layers of width {self.width}, Adam after one step)")
+
     def mutate(self) -> None:
         """What a training step does to the state: every tensor changes, the counters move."""
         with torch.no_grad():
@@ -68,6 +76,53 @@ class TrainingState:
                 t.add_(1e-3 if t.dim() else 1)
         self.state["step"] += 1
         self.state["loss"] *= 0.999
+
+
+class ManySmallState:
+    """``count`` float32 tensors of ``nbytes`` each under one dict (a model with very many small
+    parameters: embeddings split per row, per-layer norms, LoRA adapters): what the stall of a
+    save costs per tensor, apart from bytes."""
+
+    def __init__(self, count: int, nbytes: int = 1024, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.state: Dict[str, object] = {
+            "params": {f"block.{i}.weight": torch.randn(max(1, nbytes // 4))
+                       for i in range(count)},
+            "step": 1}
+        self.tensors = _tensors(self.state)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def describe(self) -> Dict[str, object]:
+        return {"state_bytes": self.tensor_bytes, "tensors": len(self.tensors),
+                "many_small": True}
+
+    def summary(self) -> str:
+        return (f"{format_size(self.tensor_bytes)} in {len(self.tensors)} tensors of "
+                f"{format_size(self.tensors[0].numel() * 4)}")
+
+    def mutate(self) -> None:
+        with torch.no_grad():
+            for t in self.tensors:
+                t.add_(1e-3)
+        self.state["step"] += 1
+
+
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """``count`` processes spinning on the CPU for as long as the block runs (a training
+    process keeps its cores busy; a save's snapshot competes with it)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(max(0, count))]
+    try:
+        time.sleep(0.2 if procs else 0)
+        yield len(procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _tensors(value: object) -> List[torch.Tensor]:

@@ -292,6 +292,12 @@ def parse_args(argv=None):
                         "the size at which an unpaced save meets the emulated cliff)")
     p.add_argument("--saves", type=int, default=3,
                    help="saves per writer; the first one is reported apart (default 3)")
+    p.add_argument("--busy", action="store_true",
+                   help="keep every other core busy (a spinning process each) while the "
+                        "writers run, as a training process does")
+    p.add_argument("--many-small", type=int, default=0, metavar="N",
+                   help="save N tensors of 1 KB instead of the model + Adam state (the "
+                        "per-tensor cost of a save; e.g. 50000)")
     p.add_argument("--writers", default=",".join(WRITERS),
                    help=f"which to run, from {', '.join(WRITERS)} (dcp: "
                         f"torch.distributed.checkpoint.async_save; unpaced, fixed, auto: "
@@ -419,28 +425,33 @@ def main(argv=None) -> int:
         # torch reads this once, at its first large allocation: before the state is built.
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     with tqdm(desc="building the state dict", total=1, leave=False, disable=None) as bar:
-        state = _savers.TrainingState(args.size)
+        state = (_savers.ManySmallState(args.many_small) if args.many_small
+                 else _savers.TrainingState(args.size))
         bar.update(1)
     import torch
 
+    busy = (os.cpu_count() or 1) - 1 if args.busy else 0
     info.update(torch=torch.__version__, **state.describe(), saves=args.saves,
                 reader_size=args.reader_size if args.reader else None,
-                huge_pages=args.huge_pages, anon_huge_bytes=_anon_huge_bytes())
+                huge_pages=args.huge_pages, anon_huge_bytes=_anon_huge_bytes(),
+                busy_cores=busy)
     _bench.print_header(info)
-    print(f"state dict: {format_size(state.tensor_bytes)} in {len(state.tensors)} tensors "
-          f"({len(state.model)} Linear layers of width {state.width}, Adam after one step)")
+    print(f"state dict: {state.summary()}" + (f"; {busy} other core(s) kept busy" if busy
+                                                 else ""))
     probe = _bench.run_probe(args.dir, args.probe_size) if args.probe else None
     if probe is not None:
         print(_bench.format_probe(probe, "write"))
     reader, idle = start_reader(args)
-    out = run_all(args, state, info, probe, reader)
+    with _savers.busy_cores(busy):
+        out = run_all(args, state, info, probe, reader)
     ratios(out, idle)
     table(out)
     verdicts = check_targets(out)
     payload = {"environment": info, "probe": _bench.probe_summary(probe),
                "config": {"size": args.size, "saves": args.saves, "rate": args.rate,
                           "chunk_size": args.chunk_size, "queue_depth": args.queue_depth,
-                          "writers": args.writers},
+                          "writers": args.writers, "busy": args.busy,
+                          "many_small": args.many_small},
                "fio": out["fio"], "reader_idle": idle, "writers": out["writers"],
                "targets": verdicts}
     _bench.write_outputs(payload, args.json, _plot.plot_checkpoint, args.plot)

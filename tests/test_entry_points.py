@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,16 @@ def test_cli_scan_and_info(tmp_path, capsys):
     assert "engine" in capsys.readouterr().out
     assert cli_main(["device", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dev"]
+
+
+def test_checkpoint_benchmark_busy_and_many_small(tmp_path):
+    out_json = tmp_path / "small.json"
+    out = run(ROOT / "benchmarks" / "checkpoint.py", "--dir", tmp_path / "ckpt", "--many-small",
+              "2000", "--busy", "--writers", "torch.save,unpaced", "--saves", "2",
+              "--no-probe", "--no-fio", "--json", out_json)
+    assert "other core(s) kept busy" in out and "2000 tensors" in out
+    result = json.loads(out_json.read_text())
+    env = result["environment"]
+    assert env["tensors"] == 2000 and env["busy_cores"] == (os.cpu_count() or 1) - 1
+    assert result["config"]["many_small"] == 2000 and result["config"]["busy"] is True
+    assert result["writers"]["unpaced"]["stall_vs_torch_save"] > 0
