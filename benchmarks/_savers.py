@@ -30,7 +30,26 @@ SAMPLE_INTERVAL = 0.05  # seconds between device-counter samples (CheckpointWrit
 
 
 # -- the state dict -----------------------------------------------------------------------------
-class TrainingState:
+class _State:
+    """What both generated states share: ``state`` (the dict a training loop saves) and
+    ``tensors`` (each of its tensors once)."""
+
+    state: Dict[str, object]
+    tensors: List[torch.Tensor]
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def mutate(self) -> None:
+        """What a training step does to the state: every tensor changes, the step moves."""
+        with torch.no_grad():
+            for t in self.tensors:
+                t.add_(1e-3 if t.dim() else 1)
+        self.state["step"] += 1
+
+
+class TrainingState(_State):
     """An nn.Sequential of Linear layers and a real Adam state after one step, sized so the
     tensors total about ``nbytes``: parameters, exp_avg and exp_avg_sq (float32, a third each),
     Adam's per-parameter step tensors, its param_groups, and plain int/float counters."""
@@ -56,10 +75,6 @@ class TrainingState:
             "step": 1, "epoch": 0, "loss": loss.item(), "lr": 1e-4}
         self.tensors = _tensors(self.state)
 
-    @property
-    def tensor_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
-
     def describe(self) -> Dict[str, object]:
         return {"state_bytes": self.tensor_bytes, "tensors": len(self.tensors),
                 "layers": len(self.model), "width": self.width,
@@ -70,15 +85,11 @@ class TrainingState:
                 f"({len(self.model)} Linear layers of width {self.width}, Adam after one step)")
 
     def mutate(self) -> None:
-        """What a training step does to the state: every tensor changes, the counters move."""
-        with torch.no_grad():
-            for t in self.tensors:
-                t.add_(1e-3 if t.dim() else 1)
-        self.state["step"] += 1
+        super().mutate()
         self.state["loss"] *= 0.999
 
 
-class ManySmallState:
+class ManySmallState(_State):
     """``count`` float32 tensors of ``nbytes`` each under one dict (a model with very many small
     parameters: embeddings split per row, per-layer norms, LoRA adapters): what the stall of a
     save costs per tensor, apart from bytes."""
@@ -91,10 +102,6 @@ class ManySmallState:
             "step": 1}
         self.tensors = _tensors(self.state)
 
-    @property
-    def tensor_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
-
     def describe(self) -> Dict[str, object]:
         return {"state_bytes": self.tensor_bytes, "tensors": len(self.tensors),
                 "many_small": True}
@@ -102,12 +109,6 @@ class ManySmallState:
     def summary(self) -> str:
         return (f"{format_size(self.tensor_bytes)} in {len(self.tensors)} tensors of "
                 f"{format_size(self.tensors[0].numel() * 4)}")
-
-    def mutate(self) -> None:
-        with torch.no_grad():
-            for t in self.tensors:
-                t.add_(1e-3)
-        self.state["step"] += 1
 
 
 @contextlib.contextmanager

@@ -257,8 +257,10 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-def _check_aligned(view: memoryview, offset: int, length: int, chunk_size: int) -> None:
-    for what, value in (("chunk_size", chunk_size), ("offset", offset), ("length", length),
+def _check_aligned(view: memoryview, offset: int, length: int, chunk_size: int,
+                   paced_chunk_size: int = 0) -> None:
+    for what, value in (("chunk_size", chunk_size), ("paced_chunk_size", paced_chunk_size),
+                        ("offset", offset), ("length", length),
                         ("buffer address", _address(view))):
         if value % _ALIGN:
             raise ValueError(f"{what} {value} is not a multiple of the O_DIRECT alignment "
@@ -383,9 +385,7 @@ class PythonOutputFile:
             raise ValueError(f"bad adaptive setting: {exn}") from None
         file = self._live("write")
         if file.direct:
-            _check_aligned(view, offset, len(view), chunk_size)
-            if paced_chunk_size:
-                _check_aligned(view, offset, len(view), paced_chunk_size)
+            _check_aligned(view, offset, len(view), chunk_size, paced_chunk_size)
         run = _PacedWrite(file, view, offset, rate, controller, self._kernels.pacer, interval,
                           control)
         crcs = [0] * max(len(bounds) - 1, 0)

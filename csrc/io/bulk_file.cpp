@@ -53,13 +53,14 @@ void validate_options(const BulkOptions& o) {
 }
 
 void check_alignment(const DioAlignment& a, const uint8_t* data, uint64_t offset, uint64_t len,
-                     size_t chunk_size, const std::string& path) {
+                     size_t chunk_size, const std::string& path, size_t paced_chunk_size = 0) {
   auto bad = [&](const std::string& what, uint64_t v, uint32_t align) {
     throw std::invalid_argument(what + " " + std::to_string(v) +
                                 " is not a multiple of the O_DIRECT alignment " +
                                 std::to_string(align) + " of " + path);
   };
   if (chunk_size % a.offset) bad("chunk_size", chunk_size, a.offset);
+  if (paced_chunk_size % a.offset) bad("paced_chunk_size", paced_chunk_size, a.offset);
   if (offset % a.offset) bad("offset", offset, a.offset);
   if (len % a.offset) bad("length", len, a.offset);
   // An empty transfer touches no memory, and an empty buffer's address is arbitrary (a state
@@ -435,11 +436,9 @@ BulkStats OutputFile::write(const uint8_t* data, uint64_t len, uint64_t offset,
     if (crcs == nullptr) throw std::invalid_argument("crc_bounds given without crcs");
   }
   if (fd_ < 0) throw_io_error(EBADF, "write", path_, static_cast<int64_t>(offset));
-  if (direct_) {
-    check_alignment(align_, data, offset, len, options.chunk_size, path_);
-    if (options.paced_chunk_size)
-      check_alignment(align_, data, offset, len, options.paced_chunk_size, path_);
-  }
+  if (direct_)
+    check_alignment(align_, data, offset, len, options.chunk_size, path_,
+                    options.paced_chunk_size);
   if (crcs) crcs->assign(crc_bounds.empty() ? 0 : crc_bounds.size() - 1, 0);
 
   Region region{const_cast<uint8_t*>(data), len, len, offset, align_.offset};  // only read

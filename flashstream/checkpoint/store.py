@@ -31,6 +31,8 @@ import warnings
 from pathlib import Path
 from typing import List, Optional, Union
 
+from ..retrieval.mapping import mappings_of
+
 __all__ = ["CheckpointInfo", "StepDir", "WriterLock", "atomic_write_text", "by_commit",
            "fsync_dir", "list_checkpoints", "newest_complete", "prune", "read_latest",
            "remove_stale_temporaries", "write_latest"]
@@ -217,26 +219,17 @@ def _open_elsewhere(files: List[Path], proc: str = "/proc") -> set:
     """Those of ``files`` that a process of this machine has open or mapped (an eval job
     that loaded with mmap=True, a loader mid-read): they are unlinked whole, which keeps their
     data for those readers; shrinking them would cut it away under them."""
-    ids = {}
+    stats = {}
     for file in files:
         with contextlib.suppress(OSError):
-            st = os.stat(file)
-            ids[(st.st_dev, st.st_ino)] = file
+            stats[file] = os.stat(file)
+    ids = {(st.st_dev, st.st_ino): file for file, st in stats.items()}
+    busy: set = set()
     if not ids:
-        return set()
-    maps = {(f"{os.major(dev):02x}:{os.minor(dev):02x}", str(ino)): f
-            for (dev, ino), f in ids.items()}
-    busy = set()
-    for pid in os.listdir(proc):
-        if not pid.isdigit():
-            continue
-        maps_file = os.path.join(proc, pid, "maps")
-        with contextlib.suppress(OSError), open(maps_file, encoding="utf-8",
-                                                errors="replace") as f:
-            for line in f:
-                fields = line.split(None, 5)
-                if len(fields) >= 5 and (fields[3], fields[4]) in maps:
-                    busy.add(maps[(fields[3], fields[4])])
+        return busy
+    for pid in filter(str.isdigit, os.listdir(proc)):
+        maps = os.path.join(proc, pid, "maps")
+        busy.update(f for f, st in stats.items() if f not in busy and mappings_of(st, maps))
         with contextlib.suppress(OSError):
             fd_dir = os.path.join(proc, pid, "fd")
             for fd in os.listdir(fd_dir):

@@ -108,15 +108,24 @@ def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     return rank, world_size
 
 
+def _layout(state_dict: Any, step: int, rank: int, world_size: int) -> Layout:
+    """The file ``state_dict`` makes as checkpoint ``step`` of ``rank``: where every tensor
+    goes, and the header's size (raises TypeError naming anything that cannot be saved)."""
+    skeleton, entries = flatten(state_dict)
+    metadata = {"format": "pt", "flashstream.version": FORMAT_VERSION,
+                "flashstream.structure": json.dumps(skeleton, separators=(",", ":")),
+                "flashstream.step": str(step), "flashstream.rank": str(rank),
+                "flashstream.world_size": str(world_size)}
+    return plan(entries, metadata)
+
+
 def _reserved_bytes(reserve: Any, alignment: int) -> int:
     """Staging bytes for ``reserve=``: a size (tensor bytes; a header's worth more), or the
-    file a state dict like it would make."""
+    file a state dict like it would make (with the longest step number)."""
     if isinstance(reserve, (int, str)) and not isinstance(reserve, bool):
         size = parse_size(reserve, name="reserve") + HEADER_ALIGNMENT
     else:
-        skeleton, entries = flatten(reserve)
-        size = plan(entries, {"flashstream.structure": json.dumps(skeleton),
-                              "flashstream.step": "0" * 20}).file_size
+        size = _layout(reserve, 10 ** 19, 0, 1).file_size
     return -(-size // alignment) * alignment
 
 
@@ -235,13 +244,7 @@ class CheckpointWriter:
         waited = time.perf_counter() - started
         if StepDir(self.directory, step).marker(self.rank, self.world_size).exists():
             raise ValueError(f"step {step} is already committed in {self.directory}")
-        skeleton, entries = flatten(state_dict)
-        metadata = {"format": "pt", "flashstream.version": FORMAT_VERSION,
-                    "flashstream.structure": json.dumps(skeleton, separators=(",", ":")),
-                    "flashstream.step": str(step), "flashstream.rank": str(self.rank),
-                    "flashstream.world_size": str(self.world_size)}
-        layout = plan(entries, metadata)
-        del entries
+        layout = _layout(state_dict, step, self.rank, self.world_size)
         pending = snapshot(layout, self._staging, self.config.snapshot)
         if pending is None:
             layout.forget_sources()

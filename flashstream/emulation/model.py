@@ -107,6 +107,14 @@ PROFILES: Dict[str, Dict[str, float]] = {
 }
 
 
+def _fast_rate(write_rate: float) -> float:
+    """An emulated drive's fast rate: 90% of the real drive's new-file write rate, so the real
+    drive, not its noise, sets the pace before the cliff."""
+    if not write_rate > 0 or not math.isfinite(write_rate):
+        raise ValueError(f"write_rate must be a positive number of bytes/s, got {write_rate!r}")
+    return 0.9 * write_rate
+
+
 def profile_settings(name: str, write_rate: float, **overrides: Size) -> DriveSettings:
     """The profile ``name`` scaled to a drive that writes ``write_rate`` bytes/s: the fast rate
     is 90% of it (so the real drive, not its noise, sets the pace before the cliff), the
@@ -115,9 +123,7 @@ def profile_settings(name: str, write_rate: float, **overrides: Size) -> DriveSe
     :class:`DriveSettings` field."""
     if name not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {name!r}")
-    if not write_rate > 0 or not math.isfinite(write_rate):
-        raise ValueError(f"write_rate must be a positive number of bytes/s, got {write_rate!r}")
-    shape, fast = PROFILES[name], 0.9 * write_rate
+    shape, fast = PROFILES[name], _fast_rate(write_rate)
     fields = {"cache_size": int(shape["cache_seconds"] * fast),
               "post_cache_rate": shape["post_cache"] * fast,
               "drain_rate": shape["post_cache"] * fast,
@@ -144,10 +150,8 @@ RANDOM_RANGES: Dict[str, Tuple[float, float]] = {
 def random_settings(write_rate: float, rng: random.Random) -> DriveSettings:
     """A drive drawn from :data:`RANDOM_RANGES`, scaled to ``write_rate`` as
     :func:`profile_settings` scales a profile: for checks on parameters nobody tuned for."""
-    if not write_rate > 0 or not math.isfinite(write_rate):
-        raise ValueError(f"write_rate must be a positive number of bytes/s, got {write_rate!r}")
+    fast = _fast_rate(write_rate)
     draw = {name: rng.uniform(lo, hi) for name, (lo, hi) in RANDOM_RANGES.items()}
-    fast = 0.9 * write_rate
     post = draw["post_cache"] * fast
     return DriveSettings(cache_size=int(draw["cache_seconds"] * fast), post_cache_rate=post,
                          drain_rate=draw["drain_share"] * post, fast_rate=fast,

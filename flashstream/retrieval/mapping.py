@@ -43,12 +43,13 @@ class FileMapping:
         return self.end - self.start
 
 
-def mappings_of(st: os.stat_result) -> List[FileMapping]:
-    """This process's mappings of the file with ``st``'s device and inode (empty off Linux)."""
+def mappings_of(st: os.stat_result, maps_path: str = "/proc/self/maps") -> List[FileMapping]:
+    """This process's mappings of the file with ``st``'s device and inode (empty off Linux);
+    ``maps_path`` another process's (``/proc/PID/maps``)."""
     major, minor = os.major(st.st_dev), os.minor(st.st_dev)
     found: List[FileMapping] = []
     try:
-        with open("/proc/self/maps") as maps:
+        with open(maps_path) as maps:
             lines = maps.readlines()
     except OSError:
         return found
