@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -650,7 +651,15 @@ class PyCowSnapshot {
     d["protect_seconds"] = s.protect_seconds;
     d["eager_seconds"] = s.eager_seconds;
     d["copy_seconds"] = s.copy_seconds;
+    d["lost_bytes"] = s.lost_bytes;
     return d;
+  }
+
+  std::vector<std::pair<uint64_t, uint64_t>> lost() const {
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (const auto& [dst, len] : snap_->lost())
+      out.emplace_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(dst)), len);
+    return out;
   }
 
  private:
@@ -833,5 +842,9 @@ NB_MODULE(_core, m) {
       .def("done", &PyCowSnapshot::done)
       .def("stats", &PyCowSnapshot::stats,
            "dict: protected_bytes, eager_bytes, fault_copies, fault_bytes, background_bytes, "
-           "protect_seconds, eager_seconds, copy_seconds.");
+           "protect_seconds, eager_seconds, copy_seconds, lost_bytes.")
+      .def("lost", &PyCowSnapshot::lost,
+           "After wait(): [(dst_ptr, len)] destination bytes that do not hold the snapshot "
+           "because their source memory was released (freed, resized, unmapped) before it "
+           "was copied. Empty when the snapshot is whole.");
 }

@@ -19,7 +19,13 @@ from .checkpoint import (
     load_checkpoint,
 )
 from .engine import engine_name, uring_available
-from .errors import ChecksumError, FlashstreamError, IndexFormatError, ShardFormatError
+from .errors import (
+    ChecksumError,
+    FlashstreamError,
+    IndexFormatError,
+    ShardFormatError,
+    SnapshotLostError,
+)
 from .pipeline import DataPipeline, Pipeline, WebDataset, WebLoader
 from .retrieval import IndexReader, write_index
 from .sizes import parse_size
@@ -58,6 +64,7 @@ __all__ = [
     "ReadStats",
     "SaveReport",
     "ShardFormatError",
+    "SnapshotLostError",
     "ShardStream",
     "device_of",
     "engine_name",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
-__all__ = ["ChecksumError", "FlashstreamError", "IndexFormatError", "ShardFormatError"]
+__all__ = ["ChecksumError", "FlashstreamError", "IndexFormatError", "ShardFormatError",
+           "SnapshotLostError"]
 
 
 class FlashstreamError(Exception):
@@ -58,3 +59,23 @@ class IndexFormatError(FlashstreamError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.reason))
+
+
+class SnapshotLostError(FlashstreamError, RuntimeError):
+    """A copy-on-write snapshot lost tensors: their memory was released before it was copied.
+
+    ``tensors`` names them. The checkpoint was not written; the previous one is untouched.
+    """
+
+    def __init__(self, step: int, tensors: Sequence[str]) -> None:
+        self.step, self.tensors = step, list(tensors)
+        shown = ", ".join(repr(t) for t in self.tensors[:5])
+        more = f" and {len(self.tensors) - 5} more" if len(self.tensors) > 5 else ""
+        super().__init__(
+            f"checkpoint step {step} was not written: with snapshot='cow' the memory of "
+            f"{shown}{more} was released (storage freed, resized, e.g. FSDP's resize_(0), or "
+            f"unmapped) before the background copy reached it. Keep those storages allocated "
+            f"until the save's snapshot is done, or use snapshot='copy' for them")
+
+    def __reduce__(self):
+        return (type(self), (self.step, self.tensors))

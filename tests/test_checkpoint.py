@@ -16,6 +16,7 @@ from ckptgen import assert_same, every_kind, training_state
 from flashstream import (
     CheckpointWriter,
     ChecksumError,
+    SnapshotLostError,
     engine,
     list_checkpoints,
     load_checkpoint,
@@ -78,6 +79,38 @@ def test_cow_round_trip_every_kind(tmp_path):
     report = save_one(tmp_path, state, snapshot="cow")
     assert report.snapshot_mode == "cow" and report.cow["protected_bytes"] >= 0
     assert_same(state, load_checkpoint(tmp_path))
+
+
+def test_cow_source_freed_after_save_fails_that_save_by_name(tmp_path):
+    # FSDP frees unsharded storage with resize_(0) right after use. Under snapshot="cow" that
+    # memory may not be copied yet: the save must fail naming the tensors (it crashed the
+    # process), leave the previous checkpoint as the newest, and wait_snapshot() must make
+    # the same pattern safe.
+    if not engine.cow_available():
+        pytest.skip("userfaultfd write-protection is not available here")
+    state = {f"flat{i}": torch.randn(16 << 20) for i in range(4)}  # 4 x 64 MiB
+    with CheckpointWriter(tmp_path, snapshot="cow", rate=512 << 20) as writer:
+        writer.save({"w": torch.ones(3)}, step=1).result()
+        handle = writer.save(state, step=2)
+        for t in state.values():
+            t.untyped_storage().resize_(0)
+        with pytest.raises(SnapshotLostError, match="flat3") as caught:
+            handle.result()
+        assert caught.value.step == 2 and "flat3" in caught.value.tensors
+        assert set(caught.value.tensors) <= set(state)
+        assert handle.wait_snapshot(0)
+    assert [c.step for c in list_checkpoints(tmp_path)] == [1]
+    assert_same({"w": torch.ones(3)}, load_checkpoint(tmp_path))
+
+    state = {f"flat{i}": torch.randn(16 << 20) for i in range(4)}
+    expected = {k: v.clone() for k, v in state.items()}
+    with CheckpointWriter(tmp_path, snapshot="cow") as writer:
+        handle = writer.save(state, step=3)
+        assert handle.wait_snapshot(timeout=60)
+        for t in state.values():
+            t.untyped_storage().resize_(0)
+        assert handle.result().snapshot_mode == "cow"
+    assert_same(expected, load_checkpoint(tmp_path))
 
 
 def test_file_is_safetensors_with_an_aligned_data_region(tmp_path):

@@ -147,3 +147,63 @@ def test_stats_and_mode():
     s = check_stats(snap, t.numel() * 4)
     assert s["protected_bytes"] > 0 and s["eager_bytes"] > 0  # the unaligned tail page
     assert set(s) >= {"protect_seconds", "eager_seconds", "copy_seconds", "fault_copies"}
+
+
+def _outside(ranges: List[Tuple[int, int]], start: int, length: int) -> bool:
+    return all(a + n <= start or start + length <= a for a, n in ranges)
+
+
+def test_sources_released_during_the_copy_are_reported_not_copied_or_crashed():
+    # FSDP frees an unsharded parameter's storage with resize_(0) right after using it. 64 MiB
+    # sources are mmap'd by malloc, so the free unmaps them under the background copier: that
+    # was a SIGSEGV. Now their blocks are reported lost; the rest is copied exactly.
+    torch.manual_seed(1)
+    tensors = [torch.randn(16 << 20) for _ in range(6)]  # 6 x 64 MiB
+    before = [t.clone() for t in tensors]
+    staging, snap = snapshot(tensors)
+    for t in tensors[1:]:
+        t.untyped_storage().resize_(0)
+    snap.wait()
+    stats = snap.stats()
+    lost = snap.lost()
+    assert stats["lost_bytes"] == sum(n for _, n in lost) > 0
+    for i, t in enumerate(before):
+        n = t.numel() * t.element_size()
+        dst = staging.base + staging.offsets[i]
+        assert all(dst <= a and a + m <= dst + n for a, m in lost
+                   if not _outside([(a, m)], dst, n)), "a lost range spans two tensors"
+        if _outside(lost, dst, n):
+            assert torch.equal(staging.get(i, t), t), f"tensor {i} copied wrong"
+    assert _outside(lost, staging.base, before[0].numel() * 4)  # never released: whole
+
+
+def test_a_file_mapped_between_the_sources_during_the_copy():
+    # Two sources in one anonymous mapping are registered as one span covering the gap
+    # between them. Mapping a file into that gap made the final unregister fail (EINVAL) and
+    # with it a snapshot whose data was copied correctly.
+    import ctypes
+    import tempfile
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    part, gap = 64 << 20, 1 << 20
+    area = mmap.mmap(-1, 2 * part + gap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = torch.frombuffer(area, dtype=torch.uint8)
+    whole.random_(0, 256)
+    first, second = whole[:part], whole[part + gap:]
+    expected = [first.clone(), second.clone()]
+    staging, snap = snapshot([first, second])
+    with tempfile.TemporaryFile() as f:
+        f.truncate(gap)
+        at = libc.mmap(whole.data_ptr() + part, gap, mmap.PROT_READ,
+                       mmap.MAP_SHARED | 0x10, f.fileno(), 0)  # 0x10: MAP_FIXED
+        assert at == whole.data_ptr() + part, ctypes.get_errno()
+        first.add_(1)  # writes during the copy still see the old bytes in the snapshot
+        snap.wait()
+    assert snap.stats()["lost_bytes"] == 0
+    for i, t in enumerate(expected):
+        assert torch.equal(staging.get(i, t), t)
+    del first, second, whole
+    area.close()

@@ -22,6 +22,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,7 +58,14 @@ struct Probe {
   int flags = 0;          // extra userfaultfd(2) flags (UFFD_USER_MODE_ONLY or 0)
   uint64_t features = 0;  // UFFDIO_API features to request
   bool wp_unpopulated = false;
+  bool events = false;    // told when protected memory is unmapped, zapped or moved
 };
+
+// Memory-change events: a source released while the snapshot runs (free() of a tensor's
+// storage, FSDP's storage.resize_(0)) must fail the snapshot, not be copied as zeros or as
+// someone else's data.
+constexpr uint64_t kEventFeatures =
+    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP;
 
 int uffd_open(int extra_flags) {
   return static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | extra_flags));
@@ -133,11 +141,14 @@ Probe run_probe() {
     uint64_t want = UFFD_FEATURE_PAGEFAULT_FLAG_WP;
     const bool unpopulated = api.features & UFFD_FEATURE_WP_UNPOPULATED;
     if (unpopulated) want |= UFFD_FEATURE_WP_UNPOPULATED;
+    const bool events = (api.features & kEventFeatures) == kEventFeatures;
+    if (events) want |= kEventFeatures;
     if (!test_registration(extra, want)) continue;
     p.mode = extra ? CowMode::kUserOnly : CowMode::kFull;
     p.flags = extra;
     p.features = want;
     p.wp_unpopulated = unpopulated;
+    p.events = events;
     break;
   }
   return p;
@@ -146,6 +157,36 @@ Probe run_probe() {
 const Probe& probe() {
   static const Probe p = run_probe();
   return p;
+}
+
+// Copies len bytes from src in this process's own memory without faulting: process_vm_readv
+// returns short (EFAULT) where src was unmapped under us, where memcpy would SIGSEGV. Falls
+// back to memcpy where a seccomp filter refuses the call (probed once). True when all copied.
+bool self_readv_usable() noexcept {
+  static const bool usable = [] {
+    char a = 1, b = 0;
+    iovec local{&b, 1}, remote{&a, 1};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == 1 && b == 1;
+  }();
+  return usable;
+}
+
+bool safe_copy(void* dst, const void* src, size_t len) noexcept {
+  if (!self_readv_usable()) {
+    std::memcpy(dst, src, len);
+    return true;
+  }
+  const pid_t self = getpid();
+  size_t done = 0;
+  while (done < len) {
+    iovec local{static_cast<uint8_t*>(dst) + done, len - done};
+    iovec remote{const_cast<uint8_t*>(static_cast<const uint8_t*>(src)) + done, len - done};
+    const ssize_t n = process_vm_readv(self, &local, 1, &remote, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 uintptr_t round_down(uintptr_t v, size_t a) { return v / a * a; }
@@ -256,6 +297,7 @@ CowSnapshot::CowSnapshot(std::vector<CopyRange> ranges, size_t block, bool allow
     segments_.clear();
   }
   if (!segments_.empty()) {
+    (void)self_readv_usable();  // probed here: the copier thread must not start by doing it
     register_spans();  // throws with nothing protected
     build_blocks();
   }
@@ -444,8 +486,13 @@ void CowSnapshot::fail(int err, const char* op) noexcept {
 }
 
 bool CowSnapshot::copy_block(Block& b, bool by_fault) noexcept {
-  std::memcpy(b.dst, reinterpret_cast<const void*>(b.addr), b.len);
-  const int err = set_protection(uffd_, b.addr, b.len, false);
+  if (!safe_copy(b.dst, reinterpret_cast<const void*>(b.addr), b.len))
+    b.lost.store(true, std::memory_order_relaxed);  // the source went away mid-copy
+  int err = set_protection(uffd_, b.addr, b.len, false);
+  if (err == ENOENT) {  // nothing mapped there any more: nothing left to un-protect
+    b.lost.store(true, std::memory_order_relaxed);
+    err = 0;
+  }
   if (err) fail(err, "UFFDIO_WRITEPROTECT");
   b.state.store(2, std::memory_order_release);
   if (by_fault) {
@@ -487,6 +534,24 @@ void CowSnapshot::serve_fault(uintptr_t addr) noexcept {
   if (err && err != ENOENT) fail(err, "UFFDIO_WAKE");
 }
 
+// Memory in [start, end) was unmapped, zapped (MADV_DONTNEED/REMOVE) or moved: whatever part
+// of it was not copied yet is gone. A block being copied right now counts as lost too: its
+// copy may have read the new contents. Runs on the handler thread, so it must not allocate.
+void CowSnapshot::lose(uintptr_t start, uintptr_t end) noexcept {
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), start,
+                             [](uintptr_t a, const Segment& s) { return a < s.start; });
+  if (it != segments_.begin()) --it;
+  for (; it != segments_.end() && it->start < end; ++it) {
+    if (it->end <= start) continue;
+    const uintptr_t lo = std::max(start, it->start), hi = std::min(end, it->end);
+    const size_t first = it->first_block + lo / block_ - it->start / block_;
+    const size_t last = it->first_block + (hi - 1) / block_ - it->start / block_;
+    for (size_t i = first; i <= last; ++i)
+      if (blocks_[i].state.load(std::memory_order_acquire) != 2)
+        blocks_[i].lost.store(true, std::memory_order_relaxed);
+  }
+}
+
 void CowSnapshot::handler_main() noexcept {
   pollfd fds[2] = {{uffd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   uffd_msg msgs[16];
@@ -506,8 +571,15 @@ void CowSnapshot::handler_main() noexcept {
         }
         break;
       }
-      for (size_t i = 0; i < static_cast<size_t>(got) / sizeof(uffd_msg); ++i)
-        if (msgs[i].event == UFFD_EVENT_PAGEFAULT) serve_fault(msgs[i].arg.pagefault.address);
+      for (size_t i = 0; i < static_cast<size_t>(got) / sizeof(uffd_msg); ++i) {
+        const uffd_msg& m = msgs[i];
+        if (m.event == UFFD_EVENT_PAGEFAULT)
+          serve_fault(m.arg.pagefault.address);
+        else if (m.event == UFFD_EVENT_UNMAP || m.event == UFFD_EVENT_REMOVE)
+          lose(m.arg.remove.start, m.arg.remove.end);
+        else if (m.event == UFFD_EVENT_REMAP)
+          lose(m.arg.remap.from, m.arg.remap.from + m.arg.remap.len);
+      }
     }
   }
 }
@@ -528,7 +600,10 @@ void CowSnapshot::copier_main() noexcept {
     for (Span& sp : spans_) {
       uffdio_range range{sp.start, sp.end - sp.start};
       const int err = uffd_ioctl(uffd_, UFFDIO_UNREGISTER, &range);
-      if (err) fail(err, "UFFDIO_UNREGISTER");
+      // EINVAL/ENOENT: the span no longer is one registrable mapping (a file was mapped into a
+      // gap between the sources, or memory was unmapped). Every block is copied and
+      // un-protected by now, and closing the userfaultfd drops what is still registered.
+      if (err && err != EINVAL && err != ENOENT) fail(err, "UFFDIO_UNREGISTER");
       else sp.registered = false;
     }
   }
@@ -592,7 +667,24 @@ CowStats CowSnapshot::stats() const {
   s.protect_seconds = protect_seconds_;
   s.eager_seconds = eager_seconds_;
   s.copy_seconds = copy_seconds_.load();
+  if (finished_.load(std::memory_order_acquire))
+    for (size_t i = 0; i < nblocks_; ++i)
+      if (blocks_[i].lost.load(std::memory_order_relaxed)) s.lost_bytes += blocks_[i].len;
   return s;
+}
+
+std::vector<std::pair<uint8_t*, size_t>> CowSnapshot::lost() const {
+  std::vector<std::pair<uint8_t*, size_t>> out;
+  if (!finished_.load(std::memory_order_acquire)) return out;
+  for (size_t i = 0; i < nblocks_; ++i) {
+    const Block& b = blocks_[i];
+    if (!b.lost.load(std::memory_order_relaxed)) continue;
+    if (!out.empty() && out.back().first + out.back().second == b.dst)
+      out.back().second += b.len;
+    else
+      out.emplace_back(b.dst, b.len);
+  }
+  return out;
 }
 
 }  // namespace flashstream

@@ -14,8 +14,11 @@
 // hugetlbfs: another process could write shared pages behind our back) or that userfaultfd
 // refuses. Without userfaultfd everything is eager, which is an ordinary memcpy snapshot.
 //
-// The caller must keep every source mapped and every destination valid until wait() returns
-// (or the object is destroyed): freeing a source while it is being copied is a use-after-free.
+// The caller keeps every destination valid until wait() returns (or the object is destroyed).
+// A source released before its copy (free(), a storage resized to 0, madvise(MADV_DONTNEED),
+// mremap) is caught where the kernel reports it (userfaultfd's unmap/remove/remap events)
+// or where the copy finds nothing mapped: its blocks are reported by lost(), never copied
+// silently from whatever lies there afterwards, and never a crash.
 #pragma once
 
 #include <atomic>
@@ -26,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace flashstream {
@@ -61,6 +65,7 @@ struct CowStats {
   double protect_seconds = 0;     // constructor time spent registering and write-protecting
   double eager_seconds = 0;       // constructor time spent copying eagerly
   double copy_seconds = 0;        // from protection until the last block was copied (0 before)
+  uint64_t lost_bytes = 0;        // protected bytes whose source was released before the copy
 };
 
 class CowSnapshot {
@@ -83,6 +88,9 @@ class CowSnapshot {
   void wait();
   bool done() const;
   CowStats stats() const;
+  // After wait(): destination intervals (dst, len) that do NOT hold the snapshot because their
+  // source memory was released before it was copied. Empty when the snapshot is whole.
+  std::vector<std::pair<uint8_t*, size_t>> lost() const;
 
  private:
   struct Segment {  // a write-protected, page-aligned source interval
@@ -100,6 +108,7 @@ class CowSnapshot {
     size_t len;
     uint8_t* dst;
     std::atomic<uint8_t> state{0};  // 0 pending, 1 being copied, 2 copied and un-protected
+    std::atomic<bool> lost{false};  // its source was released before the copy finished
   };
 
   void plan(const std::vector<CopyRange>& ranges);
@@ -113,6 +122,7 @@ class CowSnapshot {
   void copier_main() noexcept;
   void handler_main() noexcept;
   void serve_fault(uintptr_t addr) noexcept;
+  void lose(uintptr_t start, uintptr_t end) noexcept;
   bool copy_block(Block& b, bool by_fault) noexcept;
   void wait_block(const Block& b) const noexcept;
   Block* find_block(uintptr_t addr) noexcept;

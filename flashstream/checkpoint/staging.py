@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch
 from .. import engine
 from .format import Layout
 
-__all__ = ["StagingBuffer", "snapshot"]
+__all__ = ["StagingBuffer", "lost_tensors", "snapshot"]
 
 _GROWTH = 1.125  # headroom so a state dict that grows a little does not reallocate every save
 # Below this, a plain memcpy: torch's parallel copy_ pays an OpenMP barrier per tensor, which
@@ -114,6 +114,18 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Opti
     pad_to = -(-layout.file_size // staging.alignment) * staging.alignment
     staging.tensor[pad_from:pad_to].zero_()  # the tail request writes these; keep them clean
     return engine.cow_snapshot(ranges) if ranges else None
+
+
+def lost_tensors(pending: Any, layout: Layout, staging: StagingBuffer) -> List[str]:
+    """After ``pending.wait()``: names of the tensors a copy-on-write snapshot did not capture.
+
+    The snapshot reports destination ranges (staging addresses), not sources: a source that was
+    resized has another address by now, but its place in staging is fixed by the layout.
+    """
+    base = staging.tensor.data_ptr() + layout.header_size
+    lost = [(addr - base, addr - base + length) for addr, length in pending.lost()]
+    return [slot.name for slot in layout.slots
+            if any(lo < slot.offset + slot.nbytes and slot.offset < hi for lo, hi in lost)]
 
 
 def _wait(streams: Iterable[object]) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .. import engine
+from ..errors import SnapshotLostError
 from ..sizes import parse_size
 from ..telemetry.device import device_of, online_discard
 from ..telemetry.histogram import LatencyHistogram
@@ -34,7 +35,7 @@ from .config import WriterConfig
 from .format import FORMAT_VERSION, HEADER_ALIGNMENT, Layout, header_bytes, plan
 from .pacing import PlanSettings, SaveController, plan_save
 from .report import SaveReport
-from .staging import StagingBuffer, snapshot
+from .staging import StagingBuffer, lost_tensors, snapshot
 from .store import (
     StepDir,
     WriterLock,
@@ -64,11 +65,23 @@ _FIRST_GRADUAL_PRUNE_S_PER_BYTE = 0.35e-9
 class SaveHandle:
     """The pending result of one ``CheckpointWriter.save``."""
 
-    def __init__(self, step: int, future: Optional[Future], path: Optional[Path]) -> None:
+    def __init__(self, step: int, future: Optional[Future], path: Optional[Path],
+                 copied: Optional[threading.Event] = None) -> None:
         self.step = step
         self.path = path  # this rank's file once committed
         self._future = future
+        self._copied = copied
         self.observed = future is None
+
+    def wait_snapshot(self, timeout: Optional[float] = None) -> bool:
+        """Until the snapshot holds a copy of every source tensor; False on timeout.
+
+        Returns at once for ``snapshot="copy"`` (save() copied everything). With
+        ``snapshot="cow"`` the copy runs in the background: call this before freeing or
+        resizing a saved tensor's storage (FSDP's ``resize_(0)``), which would otherwise fail
+        the save with ``SnapshotLostError``. Writing to the tensors needs no wait.
+        """
+        return self._copied is None or self._copied.wait(timeout)
 
     @property
     def skipped(self) -> bool:
@@ -246,13 +259,15 @@ class CheckpointWriter:
             raise ValueError(f"step {step} is already committed in {self.directory}")
         layout = _layout(state_dict, step, self.rank, self.world_size)
         pending = snapshot(layout, self._staging, self.config.snapshot)
+        copied = threading.Event()
         if pending is None:
             layout.forget_sources()
+            copied.set()
         stall = time.perf_counter() - started - waited
         step_dir = StepDir(self.directory, step)
-        future = self._executor.submit(self._write, layout, step_dir, stall, waited, pending,
-                                       started)
-        handle = SaveHandle(step, future, step_dir.rank_file(self.rank, self.world_size))
+        future = self._executor.submit(self._write, layout, step_dir, stall, waited,
+                                       (pending, copied), started)
+        handle = SaveHandle(step, future, step_dir.rank_file(self.rank, self.world_size), copied)
         future.add_done_callback(lambda f: self._on_done(f, step))
         self._pending = handle
         return handle
@@ -273,13 +288,20 @@ class CheckpointWriter:
     # -- the background write ---------------------------------------------------------------
 
     def _write(self, layout: Layout, step_dir: StepDir, stall: float, waited: float,
-               pending: Optional[Any], called: float) -> SaveReport:
+               snapshotting: Tuple[Optional[Any], threading.Event], called: float) -> SaveReport:
         cfg = self.config
         cow = None
+        pending, copied = snapshotting
         if pending is not None:  # copy-on-write: the staging copy is still running
-            pending.wait()
+            try:
+                pending.wait()
+            finally:
+                copied.set()
             cow = pending.stats()
             layout.forget_sources()
+            if cow["lost_bytes"]:
+                raise SnapshotLostError(int(layout.metadata["flashstream.step"]),
+                                        lost_tensors(pending, layout, self._staging))
         step_dir.path.mkdir(parents=True, exist_ok=True)
         fsync_dir(self.directory)
         tmp = step_dir.temp_file(self.rank, self.world_size)
