@@ -129,17 +129,23 @@ def test_file_is_safetensors_with_an_aligned_data_region(tmp_path):
     assert torch.equal(flat["optimizer/state/0/exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
 
 
-def test_loaded_tensors_are_views_of_one_read_buffer(tmp_path):
+def test_loaded_tensors_own_their_memory_and_mmap_gives_views(tmp_path):
+    # A load's tensors must not keep a whole-file buffer alive (an optimizer keeping a few of
+    # them kept it all); mmap=True is the opt-in to views of one mapping.
     state = {"a": torch.randn(1000), "b": torch.randn(10, dtype=torch.float64),
              "c": torch.arange(7, dtype=torch.int16)}
     path = save_one(tmp_path, state).path
     loaded = load_checkpoint(path)
+    for key in state:
+        assert loaded[key].untyped_storage().nbytes() == state[key].nbytes
+    mapped = load_checkpoint(path, mmap=True)
     header = json.loads(path.read_bytes()[8:8 + struct.unpack("<Q", path.read_bytes()[:8])[0]])
     starts = {k: v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
-    base = loaded["a"].data_ptr() - starts["a"]
+    base = mapped["a"].data_ptr() - starts["a"]
     for key in state:
-        assert loaded[key].data_ptr() - base == starts[key]  # same buffer, file layout
-        assert loaded[key].data_ptr() % loaded[key].element_size() == 0
+        assert mapped[key].data_ptr() - base == starts[key]  # same mapping, file layout
+        assert mapped[key].data_ptr() % mapped[key].element_size() == 0
+        assert torch.equal(mapped[key], state[key])
 
 
 def test_plain_safetensors_file_loads_flat(tmp_path):
@@ -476,13 +482,53 @@ def test_step_may_be_any_integer_a_training_loop_holds(tmp_path):
     assert [c.step for c in list_checkpoints(tmp_path)] == [5, 6, 7]
 
 
+def test_shared_storage_is_stored_once_and_loads_shared(tmp_path):
+    # Tied input/output embeddings and views of a base: torch.save stores such storage once
+    # and torch.load gives it back shared; so must we (they were stored twice, loaded apart).
+    embed = torch.nn.Embedding(1000, 64)
+    head = torch.nn.Linear(64, 1000, bias=False)
+    head.weight = embed.weight
+    model = torch.nn.ModuleDict({"embed": embed, "head": head})
+    big = torch.randn(64, 100)
+    state = {"model": model.state_dict(), "big": big, "rows": big[3:9], "cols": big[:, 5],
+             "t": big.t(), "cast": big.view(torch.int32), "alone": torch.randn(4)}
+    with CheckpointWriter(tmp_path) as writer:
+        report = writer.save(state, step=1).result()
+    assert report.bytes < (1000 * 64 + 64 * 100 * 2 + 4) * 4 + 64 * 1024  # each stored once
+    for kwargs in ({}, {"mmap": True}):
+        loaded = load_checkpoint(tmp_path, **kwargs)
+        assert_same(state, loaded)
+        m = loaded["model"]
+        assert m["embed.weight"].untyped_storage().data_ptr() == \
+            m["head.weight"].untyped_storage().data_ptr()
+        storage = loaded["big"].untyped_storage().data_ptr()
+        for key in ("rows", "cols", "t"):
+            assert loaded[key].untyped_storage().data_ptr() == storage, key
+        assert loaded["cols"].stride() == big[:, 5].stride()
+        assert loaded["cast"].untyped_storage().data_ptr() != storage  # another dtype: apart
+    model2 = torch.nn.ModuleDict({"embed": torch.nn.Embedding(1000, 64),
+                                  "head": torch.nn.Linear(64, 1000, bias=False)})
+    model2["head"].weight = model2["embed"].weight
+    load_checkpoint(tmp_path, into={"model": model2.state_dict()})
+    assert torch.equal(model2["head"].weight, embed.weight)
+
+
 def test_map_location_as_torch_load_takes_it(tmp_path):
     with CheckpointWriter(tmp_path) as writer:
         writer.save({"w": torch.ones(2)}, step=1).result()
     assert load_checkpoint(tmp_path, map_location={"cpu": "cpu"})["w"].device.type == "cpu"
     assert load_checkpoint(tmp_path, map_location={"cuda:0": "cpu"})["w"].equal(torch.ones(2))
-    with pytest.raises(ValueError, match="a dict"):
-        load_checkpoint(tmp_path, map_location=lambda storage, location: storage)
+    seen = []
+
+    def keep(storage, location):
+        seen.append((type(storage).__name__, location))
+        return storage
+
+    assert load_checkpoint(tmp_path, map_location=keep)["w"].equal(torch.ones(2))
+    assert seen == [("UntypedStorage", "cpu")]
+    assert load_checkpoint(tmp_path, map_location=lambda s, loc: None)["w"].equal(torch.ones(2))
+    with pytest.raises(TypeError, match="must return a torch storage"):
+        load_checkpoint(tmp_path, map_location=lambda s, loc: "cpu")
     with pytest.raises(ValueError, match="map_location must be"):
         load_checkpoint(tmp_path, map_location=3)
     if not torch.cuda.is_available():

@@ -234,6 +234,23 @@ def test_gradual_removal_leaves_a_file_whole_while_another_reader_maps_it(tmp_pa
     assert list_checkpoints(tmp_path) == []
 
 
+def test_loading_into_a_state_reads_into_its_tensors(tmp_path):
+    # into=: matching tensors are filled where they are (no second copy of the state in
+    # memory), the others get memory of their own, a wrong shape is named.
+    with CheckpointWriter(tmp_path) as writer:
+        writer.save({"model": {"w": torch.arange(8.0), "b": torch.ones(3)},
+                     "new": torch.arange(5)}, step=1).result()
+    w, b = torch.zeros(8), torch.zeros(3)
+    w_at = w.data_ptr()
+    target = {"model": {"w": w, "b": b}}
+    out = load_checkpoint(tmp_path, into=target)
+    assert out is target and out["model"]["w"] is w and w.data_ptr() == w_at
+    assert torch.equal(w, torch.arange(8.0)) and torch.equal(b, torch.ones(3))
+    assert out["new"].untyped_storage().nbytes() == 5 * 8
+    with pytest.raises(ValueError, match=r"\['w'\].*float64"):
+        load_checkpoint(tmp_path, into={"model": {"w": torch.zeros(8, dtype=torch.float64)}})
+
+
 def test_loading_into_a_state_leaves_no_export_of_the_read_buffer(tmp_path, monkeypatch):
     import gc
     import mmap as mmap_module
@@ -251,7 +268,7 @@ def test_loading_into_a_state_leaves_no_export_of_the_read_buffer(tmp_path, monk
 
     monkeypatch.setattr(loader._mmap, "mmap", Recording)
     target = {"model": {"w": torch.zeros(8)}}
-    out = load_checkpoint(tmp_path, into=target)
+    out = load_checkpoint(tmp_path, into=target, mmap=True)
     assert torch.equal(out["new"], torch.arange(5)) and list(out["arr"]) == [0.0, 1.0, 2.0]
     gc.collect()
     assert len(buffers) == 1

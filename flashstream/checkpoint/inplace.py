@@ -1,35 +1,75 @@
 """Loading into an existing state dict (``load_checkpoint(path, into=state)``).
 
-A plain load returns CPU tensors that are views of one read buffer: cheap, but an optimizer
-that keeps a few of them keeps the whole buffer alive (reported: a 768 MiB model + AdamW
-checkpoint left RSS 260 MiB above torch.load's for the rest of training). Loading *into* the
-caller's own tensors copies each value into memory that already exists (the model's
-parameters, the optimizer's moments), as ``torch.distributed.checkpoint.load`` does, and gives
-anything new its own storage, so nothing refers to the read buffer afterwards and it is freed
-when the load returns.
+Loading *into* the caller's own tensors puts each value into memory that already exists (the
+model's parameters, the optimizer's moments), as ``torch.distributed.checkpoint.load`` does:
+the load then needs no memory beyond its read window. Before the read, ``claim_targets``
+walks the saved nesting beside ``into`` and picks, per stored tensor, the caller's tensor it
+can be read straight into (same key, shape and dtype, contiguous); after it, ``copy_into``
+merges the rest (new keys, values of another shape or dtype) with memory of their own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["copy_into"]
+from .format import StoredTensor
+
+__all__ = ["claim_targets", "copy_into"]
 
 
-def copy_into(target: Any, loaded: Any, path: Tuple[Any, ...] = ()) -> Any:
+def claim_targets(into: Any, skeleton: Any, stored: Mapping[str, StoredTensor]
+                  ) -> Dict[str, torch.Tensor]:
+    """{stored tensor name: the tensor of ``into`` at the same key to read it into}, for the
+    references of ``skeleton`` (the saved JSON nesting) whose tensor in ``into`` is contiguous
+    with the stored shape and dtype. A view of shared storage (``"v"``) is never claimed: it
+    is filled from its base afterwards."""
+    claims: Dict[str, torch.Tensor] = {}
+
+    def walk(target: Any, node: Any) -> None:
+        if not isinstance(node, dict):
+            return
+        name = node.get("T")
+        if name is not None:
+            t = stored.get(name)
+            if ("v" not in node and t is not None and name not in claims
+                    and isinstance(target, torch.Tensor) and target.is_contiguous()
+                    and tuple(target.shape) == t.shape and target.dtype == t.dtype):
+                claims[name] = target
+            return
+        if "D" in node and isinstance(target, dict):
+            for key, value in node["D"]:
+                if not isinstance(key, dict) and key in target:
+                    walk(target[key], value)
+        elif "L" in node and isinstance(target, list) and len(target) == len(node["L"]):
+            for t, value in zip(target, node["L"]):
+                walk(t, value)
+        elif "U" in node and isinstance(target, tuple) and len(target) == len(node["U"]):
+            for t, value in zip(target, node["U"]):
+                walk(t, value)
+
+    walk(into, skeleton)
+    return claims
+
+
+def copy_into(target: Any, loaded: Any, path: Tuple[Any, ...] = (), *, owned: bool = False
+              ) -> Any:
     """``loaded`` merged into ``target``: tensors copied into ``target``'s tensors of the same
     shape and dtype (any device), dicts updated key by key, lists updated in place, everything
     else replaced. Returns the merged value (``target`` itself for dicts, lists and tensors).
-    Raises ValueError naming the key path where a tensor's shape or dtype differs."""
+    ``owned``: ``loaded``'s tensors have memory of their own (else CPU ones are cloned, as
+    views of a mapping would keep it alive). Raises ValueError naming the key path where a
+    tensor's shape or dtype differs."""
     if isinstance(loaded, np.ndarray) and isinstance(target, np.ndarray) and \
             target.shape == loaded.shape and target.dtype == loaded.dtype and \
             target.flags.writeable:
         np.copyto(target, loaded)
         return target
     if isinstance(loaded, torch.Tensor):
+        if loaded is target:  # read straight into it (claim_targets)
+            return target
         if isinstance(target, torch.Tensor):
             if target.shape != loaded.shape or target.dtype != loaded.dtype:
                 raise ValueError(f"{_describe(path)}: the checkpoint holds {loaded.dtype} "
@@ -38,18 +78,19 @@ def copy_into(target: Any, loaded: Any, path: Tuple[Any, ...] = ()) -> Any:
             with torch.no_grad():
                 target.copy_(loaded)
             return target
-        return _owned(loaded)
+        return loaded if owned else _owned(loaded)
     if isinstance(loaded, dict) and isinstance(target, dict):
         for key, value in loaded.items():
-            target[key] = copy_into(target.get(key), value, path + (key,))
+            target[key] = copy_into(target.get(key), value, path + (key,), owned=owned)
         return target
     if isinstance(loaded, list) and isinstance(target, list) and len(loaded) == len(target):
         for i, value in enumerate(loaded):
-            target[i] = copy_into(target[i], value, path + (i,))
+            target[i] = copy_into(target[i], value, path + (i,), owned=owned)
         return target
     if isinstance(loaded, tuple) and isinstance(target, tuple) and len(loaded) == len(target):
-        return tuple(copy_into(t, v, path + (i,)) for i, (t, v) in enumerate(zip(target, loaded)))
-    return _owned_all(loaded)
+        return tuple(copy_into(t, v, path + (i,), owned=owned)
+                     for i, (t, v) in enumerate(zip(target, loaded)))
+    return loaded if owned else _owned_all(loaded)
 
 
 def _owned(tensor: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import mmap as _mmap
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -16,17 +16,16 @@ import torch
 from .. import engine, settings
 from ..errors import ChecksumError
 from .format import StoredTensor, check_header_crc, parse_header
-from .inplace import copy_into
+from .inplace import claim_targets, copy_into
+from .reading import read_header, read_tensors
 from .store import CheckpointInfo, inspect_step, newest_complete
 from .structure import unflatten
 
 __all__ = ["load_checkpoint", "resolve_checkpoint"]
 
 PathLike = Union[str, os.PathLike]
-MapLocation = Union[None, str, torch.device, Dict[str, Union[str, torch.device]]]
-_READ_CHUNK = 8 << 20
-_READ_DEPTH = 8
-_CAPACITY_ALIGN = 1 << 16  # room for the last O_DIRECT request to run past the end
+MapLocation = Union[None, str, torch.device, Dict[str, Union[str, torch.device]],
+                    Callable[[torch.UntypedStorage, str], Optional[torch.UntypedStorage]]]
 _RANK_FILE = re.compile(r"^rank-(\d+)-of-(\d+)\.safetensors$")
 
 
@@ -74,66 +73,102 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
     torch.distributed rank, else 0). ``map_location``: None puts tensors back on the device
     they were saved from; "cpu", "cuda:0", a torch.device move them there; a dict maps the
     saved device ("cpu", "cuda:1") to a target, as torch.load's does (devices it does not name
-    stay). CPU tensors are zero-copy views of one read buffer, which stays alive while any of
-    them does. ``weights_only``: accepted for torch.load's callers; every load is weights-only
-    (the format holds no pickled objects). ``mmap=True`` maps the file (through the page cache,
-    private copy-on-write pages) instead of reading it into memory with O_DIRECT. ``into``: a
-    state dict (the model's, the optimizer's, or a dict of both, as saved) to load *into*:
-    each tensor is copied into the one at the same key (same shape and dtype, any device),
-    the rest is replaced or added with memory of its own, and ``into`` is returned; nothing
-    keeps the read buffer alive afterwards (see checkpoint/inplace.py).
+    stay); a function ``(storage, location) -> storage or None`` is called as torch.load calls
+    it (``storage`` on the CPU, ``location`` the saved device's name; None keeps the default).
+    Every tensor has memory of its own: the file streams through a fixed read window
+    (checkpoint/reading.py), so nothing but the tensors stays allocated. Tensors that shared
+    storage when saved (tied weights, views of a base) share it again.
+    ``weights_only``: accepted for torch.load's callers; every load is weights-only (the
+    format holds no pickled objects). ``mmap=True`` maps the file (through the page cache,
+    private copy-on-write pages) and returns views of the mapping instead. ``into``: a state
+    dict (the model's, the optimizer's, or a dict of both, as saved) to load *into*: each
+    tensor is read straight into the one at the same key when it has the same shape and dtype
+    and is contiguous (on any device; ``map_location`` does not move it), the rest is
+    replaced or added, and ``into`` is returned (see checkpoint/inplace.py).
     ``verify`` checks every tensor's CRC-32C and raises ChecksumError naming the first bad one.
     A plain safetensors file without flashstream metadata loads as a flat {name: tensor} dict.
     """
     _check_map_location(map_location)
     file, marker = resolve_checkpoint(path, rank)
     io = settings.resolve(engine=engine_kind, direct=direct)
-    size = os.stat(file).st_size
-    if mmap and size:
-        with open(file, "rb") as f:
-            buffer = _mmap.mmap(f.fileno(), size, flags=_mmap.MAP_PRIVATE,
-                                prot=_mmap.PROT_READ | _mmap.PROT_WRITE)
-        view = np.frombuffer(buffer, dtype=np.uint8)
-    else:
-        buffer = _mmap.mmap(-1, max(_CAPACITY_ALIGN,
-                                    -(-size // _CAPACITY_ALIGN) * _CAPACITY_ALIGN),
-                            flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
-        view = np.frombuffer(buffer, dtype=np.uint8)
-        engine.read_into(file, view, size, engine=io.engine, chunk_size=_READ_CHUNK,
-                         queue_depth=_READ_DEPTH, direct=io.direct)
     name = str(file)
-    header_size, metadata, tensors = parse_header(view[:min(size, len(view))], name, size)
+    if mmap:
+        header_size, metadata, tensors, header, values = _mapped(file, verify)
+    else:
+        header_size, metadata, tensors, header = read_header(file)
     if verify:
-        check_header_crc(bytes(view[:header_size]), name)
+        check_header_crc(header, name)
     if verify and marker is not None:
         expected = int(marker["header_crc32c"], 16)
-        if engine.crc32c(view[:header_size]) != expected:
+        if engine.crc32c(header) != expected:
             raise ChecksumError(name, "<header>", 0, header_size)
-    if verify:
-        for t in tensors:
-            if t.crc is not None and engine.crc32c(view[t.begin:t.end]) != t.crc:
-                raise ChecksumError(name, t.name, t.begin, t.end)
-    values = {t.name: _tensor(buffer, t) for t in tensors}
     structure = metadata.get("flashstream.structure")
-    if structure is None:
-        flat = {n: _place(v, None, map_location) for n, v in values.items()}
-        return flat if into is None else copy_into(into, flat)
+    skeleton = _skeleton(structure, tensors, name)
+    if not mmap:
+        stored = {t.name: t for t in tensors}
+        claimed = claim_targets(into, skeleton, stored) if into is not None else {}
+        values = {t.name: claimed.get(t.name) for t in tensors}
+        for t in tensors:
+            if values[t.name] is None:
+                values[t.name] = torch.empty(t.shape, dtype=t.dtype)
+        read_tensors(file, tensors, values, io, verify=verify)
+    else:
+        claimed = {}
+    placed: Dict[str, Any] = {}
 
     def resolve(tensor_name: str, ref: Dict[str, Any]) -> Any:
         if tensor_name not in values:
             raise ValueError(f"{name}: the structure refers to a missing tensor {tensor_name!r}")
-        value = values[tensor_name]
         if "N" in ref:
-            return value.numpy()
-        return _place(value, ref.get("d"), map_location)
+            return values[tensor_name].numpy()
+        if tensor_name in claimed:
+            base = claimed[tensor_name]
+        else:
+            if tensor_name not in placed:
+                placed[tensor_name] = _place(values[tensor_name], ref.get("d"), map_location)
+            base = placed[tensor_name]
+        if "v" in ref:  # shared storage: a view of the stored base
+            offset, shape, stride = ref["v"]
+            return base.as_strided(shape, stride, base.storage_offset() + offset)
+        return base
 
     try:
-        loaded = unflatten(json.loads(structure), resolve)
+        loaded = unflatten(skeleton, resolve)
     except ValueError as err:
         if name in str(err):
             raise
         raise ValueError(f"{name}: {err}") from None
-    return loaded if into is None else copy_into(into, loaded)
+    return loaded if into is None else copy_into(into, loaded, owned=not mmap)
+
+
+def _skeleton(structure: Optional[str], tensors: List[StoredTensor], name: str) -> Any:
+    """The saved nesting; a flat {name: ref} for a plain safetensors file."""
+    if structure is None:
+        return {"D": [[t.name, {"T": t.name}] for t in tensors]}
+    try:
+        return json.loads(structure)
+    except ValueError as err:
+        raise ValueError(f"{name}: the structure in the header is not valid JSON ({err})"
+                         ) from None
+
+
+def _mapped(file: Path, verify: bool
+            ) -> Tuple[int, Dict[str, str], List[StoredTensor], bytes, Dict[str, torch.Tensor]]:
+    """mmap=True: the file mapped (private pages), its tensors views of the mapping."""
+    size = os.stat(file).st_size
+    if not size:
+        raise ValueError(f"{file}: 0 bytes is too short for a checkpoint header")
+    with open(file, "rb") as f:
+        buffer = _mmap.mmap(f.fileno(), size, flags=_mmap.MAP_PRIVATE,
+                            prot=_mmap.PROT_READ | _mmap.PROT_WRITE)
+    view = np.frombuffer(buffer, dtype=np.uint8)
+    header_size, metadata, tensors = parse_header(view, str(file), size)
+    if verify:
+        for t in tensors:
+            if t.crc is not None and engine.crc32c(view[t.begin:t.end]) != t.crc:
+                raise ChecksumError(str(file), t.name, t.begin, t.end)
+    values = {t.name: _tensor(buffer, t) for t in tensors}
+    return header_size, metadata, tensors, bytes(view[:header_size]), values
 
 
 def _check_map_location(map_location: Any) -> None:
@@ -146,10 +181,9 @@ def _check_map_location(map_location: Any) -> None:
                                  f"devices (str or torch.device), got {saved!r}: {target!r}")
         return
     if callable(map_location):
-        raise ValueError("map_location as a function (storage, location) is torch.load's; "
-                         "here pass a str, a torch.device, or a dict {saved device: target}")
-    raise ValueError(f"map_location must be None, a str, a torch.device or a dict, got "
-                     f"{type(map_location).__name__}")
+        return
+    raise ValueError(f"map_location must be None, a str, a torch.device, a dict or a function "
+                     f"(storage, location), got {type(map_location).__name__}")
 
 
 def _tensor(buffer: _mmap.mmap, t: StoredTensor) -> torch.Tensor:
@@ -161,6 +195,8 @@ def _tensor(buffer: _mmap.mmap, t: StoredTensor) -> torch.Tensor:
 
 def _place(value: torch.Tensor, saved_on: Optional[str], map_location: MapLocation
            ) -> torch.Tensor:
+    if callable(map_location) and not isinstance(map_location, dict):
+        return _call_map_location(value, saved_on, map_location)
     if isinstance(map_location, dict):
         target = map_location.get(saved_on or "cpu", saved_on)
     else:
@@ -175,3 +211,23 @@ def _place(value: torch.Tensor, saved_on: Optional[str], map_location: MapLocati
         raise RuntimeError(f"map_location {str(device)!r} needs CUDA, which is not available "
                            f"here")
     return value if device.type == "cpu" else value.to(device)
+
+
+def _call_map_location(value: torch.Tensor, saved_on: Optional[str],
+                       function: Callable[..., Any]) -> torch.Tensor:
+    """torch.load's protocol: ``function(storage, location)`` returns the storage to use, or
+    None for the default (back where it was saved)."""
+    location = saved_on or "cpu"
+    storage = function(value.untyped_storage(), location)
+    if storage is None:
+        return _place(value, saved_on, None)
+    if isinstance(storage, torch.TypedStorage):
+        storage = storage.untyped()
+    if not isinstance(storage, torch.UntypedStorage):
+        raise TypeError(f"map_location returned a {type(storage).__name__} for a storage on "
+                        f"{location}; it must return a torch storage or None")
+    if storage.nbytes() < value.untyped_storage().nbytes():
+        raise ValueError(f"map_location returned a storage of {storage.nbytes()} bytes for one "
+                         f"of {value.untyped_storage().nbytes()}")
+    out = torch.empty(0, dtype=value.dtype, device=storage.device)
+    return out.set_(storage, value.storage_offset(), value.shape, value.stride())

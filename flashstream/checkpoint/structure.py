@@ -8,7 +8,9 @@ as a reference to its name. Dict keys keep their types (an optimizer's state is 
 
 Encoding of a value (JSON):
     None, bool, int, float, str   as themselves (floats keep nan/inf)
-    {"T": name}                   a torch.Tensor (``"d"``: its device when not the CPU)
+    {"T": name}                   a torch.Tensor (``"d"``: its device when not the CPU;
+                                  ``"v": [offset, shape, stride]``: a view of tensor ``name``'s
+                                  storage, for tensors that shared storage when saved)
     {"N": name}                   a numpy.ndarray (restored as one)
     {"D": [[key, value], ...]}    a dict (keys encoded the same way)
     {"L": [...]} / {"U": [...]}   a list / a tuple
@@ -98,6 +100,8 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
         used.add(name)
         return name
 
+    refs: List[Dict[str, Any]] = []  # beside entries, for the torch tensors' references
+
     def walk(value: Any, path: Tuple[Any, ...]) -> Any:
         if isinstance(value, torch.Tensor):
             _check_tensor(value, path)
@@ -106,6 +110,7 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
             ref: Dict[str, Any] = {"T": name}
             if value.device.type != "cpu":
                 ref["d"] = str(value.device)
+            refs.append(ref)
             return ref
         if isinstance(value, np.ndarray):
             if value.dtype.hasobject or value.dtype.kind not in "biufc":
@@ -152,7 +157,44 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
         raise _unsupported(value, path)
 
     skeleton = walk(state, ())
-    return skeleton, entries
+    return skeleton, _share_storage(entries, refs)
+
+
+def _share_storage(entries: List[TensorEntry], refs: List[Dict[str, Any]]
+                   ) -> List[TensorEntry]:
+    """Store shared storage once, as torch.save does: where tensors share one storage (tied
+    embedding and output weights, a view and its base) and one of them, contiguous, covers
+    the others' elements, only that base is stored; the others' references become views of it
+    (``"v"``), so they load sharing storage again. Tensors of another dtype than the base, or
+    that no single contiguous tensor covers, are stored on their own. Returns the entries to
+    store (``refs`` are changed in place)."""
+    tensor_entries = [e for e in entries if not e.numpy]
+    groups: Dict[Tuple[Any, int], List[int]] = {}
+    for i, e in enumerate(tensor_entries):
+        if e.tensor.numel():
+            key = (e.tensor.device, e.tensor.untyped_storage().data_ptr())
+            groups.setdefault(key, []).append(i)
+    dropped: set = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        bases = [i for i in members if tensor_entries[i].tensor.is_contiguous()]
+        if not bases:
+            continue
+        b = max(bases, key=lambda i: tensor_entries[i].tensor.numel())
+        base = tensor_entries[b].tensor
+        lo, hi = base.storage_offset(), base.storage_offset() + base.numel()
+        for i in members:
+            t = tensor_entries[i].tensor
+            if i == b or t.dtype != base.dtype or any(st < 0 for st in t.stride()):
+                continue
+            first = t.storage_offset()
+            last = first + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+            if lo <= first and last < hi:
+                refs[i]["T"] = tensor_entries[b].name
+                refs[i]["v"] = [first - lo, list(t.shape), list(t.stride())]
+                dropped.add(id(tensor_entries[i]))
+    return [e for e in entries if id(e) not in dropped] if dropped else entries
 
 
 def _decode_key(key: Any) -> Any:
