@@ -148,6 +148,24 @@ def test_loaded_tensors_own_their_memory_and_mmap_gives_views(tmp_path):
         assert torch.equal(mapped[key], state[key])
 
 
+def test_a_dropped_load_is_freed_at_once_not_by_the_cyclic_gc(tmp_path):
+    # A reference cycle inside the loader kept every loaded tensor alive until the cyclic GC
+    # ran: 800 MiB more RSS after a resume than torch.load's, for as long as it did not.
+    import gc
+    import weakref
+
+    save_one(tmp_path, {"a": torch.ones(10), "b": {"c": torch.zeros(3)}, "n": np.ones(2)})
+    gc.collect()
+    gc.disable()
+    try:
+        loaded = load_checkpoint(tmp_path)
+        refs = [weakref.ref(loaded["a"]), weakref.ref(loaded["b"]["c"])]
+        del loaded
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
+
+
 def test_plain_safetensors_file_loads_flat(tmp_path):
     safetensors = pytest.importorskip("safetensors.torch")
     tensors = {"x": torch.randn(3, 4), "y": torch.arange(5)}

@@ -138,6 +138,9 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
         if name in str(err):
             raise
         raise ValueError(f"{name}: {err}") from None
+    finally:
+        values.clear()  # nothing but the result may keep a loaded tensor alive
+        placed.clear()
     return loaded if into is None else copy_into(into, loaded, owned=not mmap)
 
 

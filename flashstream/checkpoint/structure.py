@@ -238,4 +238,9 @@ def unflatten(skeleton: Any, tensor: Callable[[str, Dict[str, Any]], Any]) -> An
             return np.dtype(dtype).type(build(item))
         raise ValueError(f"unknown node in the checkpoint's structure: {sorted(node)}")
 
-    return build(skeleton)
+    try:
+        return build(skeleton)
+    finally:
+        # build refers to itself through its closure: a cycle that would keep ``tensor`` and
+        # everything it refers to (a load's tensors) alive until the cyclic GC happens to run.
+        del build
