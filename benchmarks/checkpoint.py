@@ -45,6 +45,8 @@ from flashstream.sizes import format_size, parse_size  # noqa: E402
 WRITERS = ("torch.save", "dcp", "unpaced", "fixed", "auto", "copy")
 OURS = ("unpaced", "fixed", "auto", "copy")  # CheckpointWriter rows ("copy": unpaced, copy)
 STALL_SHARE = 1 / 20     # CheckpointWriter's stall at most this share of torch.save's
+MANY_SMALL_SHARE = 1 / 10  # the same with --many-small (50,000 tensors of 1 KB)
+FIRST_SHARE = 1 / 5      # the first save's stall (1/20 too with --reserve)
 FIO_SHARE = 0.85         # unpaced CheckpointWriter's GB/s at least this share of fio's
 RATE_TOLERANCE = 0.05    # a paced write's achieved rate within this of the target
 IDLE_EPOCHS = 3          # idle reader epochs (their latencies merged)
@@ -122,6 +124,8 @@ def make_saver(name: str, args, state, device, probe, rate: Optional[float]):
         return _savers.DcpAsyncSave(where, state, device)
     options = {"chunk_size": args.chunk_size, "queue_depth": args.queue_depth,
                "snapshot": "copy" if name == "copy" else args.snapshot}
+    if args.reserve:
+        options["reserve"] = state.state  # staging sized at construction, not in save 1
     if args.engine:
         options["engine"] = args.engine
     return _savers.Flashstream(where, state, device, mode=name,
@@ -193,6 +197,8 @@ def ratios(out: Dict[str, object], idle: Optional[Dict[str, object]]) -> None:
         result["gbps_vs_fio"] = result["gbps"] / fio if fio else None
         result["stall_vs_torch_save"] = (result["stall_s"] / torch_stall
                                          if torch_stall else None)
+        result["stall_first_vs_torch_save"] = (result["stall_first_s"] / torch_stall
+                                               if torch_stall else None)
         beside = result.get("reader")
         if beside and idle and idle.get("p95_us") and beside.get("p95_us"):
             beside["p95_vs_idle"] = beside["p95_us"] / idle["p95_us"]
@@ -257,16 +263,22 @@ def _get(result: Dict[str, object], *keys: str, scale: float = 1.0) -> Optional[
     return None if result is None else result * scale
 
 
-def check_targets(out: Dict[str, object]) -> Dict[str, object]:
+def check_targets(out: Dict[str, object], args) -> Dict[str, object]:
     writers = out["writers"]
     ours = {k: v for k, v in writers.items() if k in OURS[:3] and "error" not in v}
     verdicts: Dict[str, object] = {}
     stalls = [v["stall_vs_torch_save"] for v in ours.values()
               if v.get("stall_vs_torch_save") is not None]
+    share = MANY_SMALL_SHARE if args.many_small else STALL_SHARE
     if stalls:
         verdicts["CheckpointWriter stall / torch.save blocking time (worst writer)"] = {
-            "value": max(stalls), "target": f"<= {STALL_SHARE:.2f}",
-            "met": max(stalls) <= STALL_SHARE}
+            "value": max(stalls), "target": f"<= {share:.2f}", "met": max(stalls) <= share}
+    firsts = [v["stall_first_vs_torch_save"] for v in ours.values()
+              if v.get("stall_first_vs_torch_save") is not None]
+    if firsts:
+        first = share if args.reserve else FIRST_SHARE
+        verdicts["CheckpointWriter first save's stall / torch.save's (worst writer)"] = {
+            "value": max(firsts), "target": f"<= {first:.2f}", "met": max(firsts) <= first}
     unpaced = ours.get("unpaced", {}).get("gbps_vs_fio")
     if unpaced is not None:
         verdicts["unpaced CheckpointWriter GB/s / fio sequential write GB/s"] = {
@@ -295,6 +307,9 @@ def parse_args(argv=None):
     p.add_argument("--busy", action="store_true",
                    help="keep every other core busy (a spinning process each) while the "
                         "writers run, as a training process does")
+    p.add_argument("--reserve", action="store_true",
+                   help="construct each CheckpointWriter with reserve=the state dict, so the "
+                        "first save does not pay for allocating staging")
     p.add_argument("--many-small", type=int, default=0, metavar="N",
                    help="save N tensors of 1 KB instead of the model + Adam state (the "
                         "per-tensor cost of a save; e.g. 50000)")
@@ -446,12 +461,12 @@ def main(argv=None) -> int:
         out = run_all(args, state, info, probe, reader)
     ratios(out, idle)
     table(out)
-    verdicts = check_targets(out)
+    verdicts = check_targets(out, args)
     payload = {"environment": info, "probe": _bench.probe_summary(probe),
                "config": {"size": args.size, "saves": args.saves, "rate": args.rate,
                           "chunk_size": args.chunk_size, "queue_depth": args.queue_depth,
                           "writers": args.writers, "busy": args.busy,
-                          "many_small": args.many_small},
+                          "many_small": args.many_small, "reserve": args.reserve},
                "fio": out["fio"], "reader_idle": idle, "writers": out["writers"],
                "targets": verdicts}
     _bench.write_outputs(payload, args.json, _plot.plot_checkpoint, args.plot)

@@ -23,6 +23,7 @@
 #include "io/pacing.hpp"
 #include "io/sequential_reader.hpp"
 #include "probe/probe.hpp"
+#include "snapshot/copy_ranges.hpp"
 #include "snapshot/cow_snapshot.hpp"
 #include "tar/batch_packer.hpp"
 #include "tar/tar_scanner.hpp"
@@ -615,6 +616,22 @@ nb::dict read_file_into_py(nb::bytes path, nb::handle data, uint64_t length, siz
   return d;
 }
 
+// ---- copies ----
+
+// triples: (src, dst, len) flattened into one uint64 array (cheap to build for 50,000 tensors).
+void copy_ranges_py(U64Array triples, unsigned threads) {
+  const size_t n = triples.shape(0);
+  if (n % 3) throw std::invalid_argument("copy_ranges takes (src, dst, len) triples");
+  std::vector<CopyJob> jobs(n / 3);
+  const uint64_t* v = triples.data();
+  for (size_t i = 0; i < jobs.size(); ++i)
+    jobs[i] = {reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(v[3 * i])),
+               reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(v[3 * i + 1])),
+               static_cast<size_t>(v[3 * i + 2])};
+  nb::gil_scoped_release release;
+  copy_ranges(jobs.data(), jobs.size(), threads);
+}
+
 // ---- copy-on-write snapshot ----
 
 // A CowSnapshot driven from Python. The ranges are raw addresses: the caller keeps the tensors
@@ -811,6 +828,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("count", &PyBatchPacker::count)
       .def_prop_ro("region_bytes", &PyBatchPacker::region_bytes)
       .def("result", &PyBatchPacker::result);
+  m.def("copy_ranges", &copy_ranges_py, nb::arg("triples"), nb::arg("threads") = 1u,
+        "Copy (src, dst, len) triples (a flat uint64 array of raw addresses) on `threads` "
+        "threads, GIL released. The caller keeps the memory alive; no overlap within a copy.");
   m.def("cow_available", &cow_available,
         "True when userfaultfd can write-protect memory here, kernel writes included.");
   m.def("cow_mode", [] { return std::string(cow_mode_name(cow_mode())); },

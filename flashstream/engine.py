@@ -30,6 +30,7 @@ __all__ = [
     "crc32c_hardware",
     "create_probe_file",
     "engine_name",
+    "copy_ranges",
     "cow_available",
     "cow_mode",
     "cow_snapshot",
@@ -234,6 +235,16 @@ def open_reader(extents: Sequence[Extent], settings: IOSettings) -> ChunkReader:
     encoded = [(os.fsencode(p), s, e) for p, s, e in extent_list]
     return _core.Reader(encoded, settings.chunk_size, settings.queue_depth, settings.engine,
                         settings.direct)
+
+
+def copy_ranges(triples: Any, threads: int = 1) -> None:
+    """Copy raw memory: ``triples`` is a flat uint64 numpy array ``[src, dst, len, ...]``.
+
+    One call for any number of copies, the GIL released, the bytes shared evenly over
+    ``threads`` plain threads (not torch's OpenMP pool: see csrc/snapshot/copy_ranges.hpp).
+    The caller keeps every source and destination alive until it returns.
+    """
+    _core.copy_ranges(triples, max(1, int(threads)))
 
 
 #: ``CowSnapshot``: a copy-on-write snapshot in progress (``wait()``, ``done()``, ``stats()``).

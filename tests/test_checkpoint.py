@@ -76,8 +76,9 @@ def test_cow_round_trip_every_kind(tmp_path):
     if not engine.cow_available():
         pytest.skip("userfaultfd write-protection is not available here")
     state = every_kind(5)
+    state["big"] = torch.randn(1 << 20)  # tensors under 64 KiB are copied at once anyway
     report = save_one(tmp_path, state, snapshot="cow")
-    assert report.snapshot_mode == "cow" and report.cow["protected_bytes"] >= 0
+    assert report.snapshot_mode == "cow" and report.cow["protected_bytes"] > 0
     assert_same(state, load_checkpoint(tmp_path))
 
 
@@ -529,6 +530,45 @@ def test_shared_storage_is_stored_once_and_loads_shared(tmp_path):
     model2["head"].weight = model2["embed"].weight
     load_checkpoint(tmp_path, into={"model": model2.state_dict()})
     assert torch.equal(model2["head"].weight, embed.weight)
+
+
+def test_repeated_saves_reuse_the_layout_only_while_the_state_keeps_its_shape(tmp_path):
+    # Later saves reuse the previous layout (relayout.py) when keys, shapes, dtypes and
+    # shared storage are unchanged; every other change must still be saved exactly.
+    from flashstream.checkpoint.format import plan as plan_layout
+    from flashstream.checkpoint.relayout import Plan, relayout
+    from flashstream.checkpoint.structure import flatten
+
+    big = torch.randn(64, 8)
+    state = {"model": {"w": big, "w_rows": big[2:5], "b": torch.zeros(3)},
+             "sched": {"last_epoch": 1, "lrs": [0.1, 0.2]}, "step": torch.tensor(1.0)}
+    skeleton, entries = flatten(state)
+    previous = Plan.of(skeleton, plan_layout(entries, {}))
+    assert relayout(state, previous) is not None
+    changes = [
+        lambda s: s["sched"].update(last_epoch=2, lrs=[0.05, 0.1]),    # values: reused
+        lambda s: s["model"].update(b=torch.zeros(4)),                  # a shape
+        lambda s: s["model"].update(w_rows=big[3:6].clone()),           # no longer a view
+        lambda s: s["model"].update(extra=torch.ones(2)),               # a new key
+        lambda s: s["sched"].update(lrs=(0.1, 0.2)),                    # list -> tuple
+        lambda s: s.update(step=torch.tensor(2, dtype=torch.int64)),    # a dtype
+        lambda s: s["model"].update(b=np.arange(4)),                    # numpy: flatten's
+        lambda s: s["sched"].update(last_epoch=torch.tensor(3)),        # scalar -> tensor
+    ]
+    with CheckpointWriter(tmp_path, keep=2) as writer:
+        for step, change in enumerate(changes, start=1):
+            previous = writer._plan or previous
+            change(state)
+            for t in state["model"].values():
+                if isinstance(t, torch.Tensor):
+                    t.add_(step)
+            writer.save(state, step=step).result()
+            assert_same(state, load_checkpoint(tmp_path))
+            fits = relayout(state, previous) is not None
+            assert fits == (step == 1), step
+    loaded = load_checkpoint(tmp_path)
+    assert loaded["model"]["w_rows"].untyped_storage().data_ptr() != \
+        loaded["model"]["w"].untyped_storage().data_ptr()
 
 
 def test_map_location_as_torch_load_takes_it(tmp_path):

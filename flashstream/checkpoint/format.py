@@ -30,7 +30,7 @@ import json
 import math
 import struct
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -77,6 +77,8 @@ def torch_dtype(name: str) -> torch.dtype:
 class Slot:
     """Where one tensor lives in the data region."""
 
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "source")  # 50,000 per save
+
     name: str
     dtype: torch.dtype
     shape: Tuple[int, ...]
@@ -95,6 +97,10 @@ class Layout:
     metadata: Dict[str, str]  # without the checksums
     header_size: int
     data_size: int
+    # Caches of header pieces that depend on the slots only (see _pieces).
+    encoded_names: Optional[List[str]] = None
+    tensors_json: Optional[str] = None
+    checks_length: int = 0
 
     @property
     def file_size(self) -> int:
@@ -110,6 +116,10 @@ class Layout:
         return [0] + [s.offset + s.nbytes for s in self.slots]
 
 
+# The C encoder json.dumps uses for str (ASCII output, the same escapes).
+_encode = json.encoder.encode_basestring_ascii
+
+
 def plan(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> Layout:
     """Place the tensors (largest element size first) and size the padded header."""
     order = sorted(entries, key=lambda e: -e.tensor.element_size())  # stable
@@ -119,15 +129,7 @@ def plan(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> Layout:
         nbytes = t.numel() * t.element_size()
         slots.append(Slot(entry.name, t.dtype, tuple(t.shape), offset, nbytes, t))
         offset += nbytes
-    # The header's own checksum first: found at once, and its placeholder has its final width.
-    meta = {"flashstream.header_crc32c": _NO_CRC, **metadata}
-    raw = {s.name: [str(s.dtype), list(s.shape)] for s in slots if s.stored_as_bytes}
-    if raw:
-        meta["flashstream.dtypes"] = json.dumps(raw)
-    layout = Layout(slots, meta, 0, offset)
-    # Checksums are fixed-width hex, so the placeholder header has the final header's length.
-    unpadded = len(_header_json(layout, [0] * len(slots))) + _PREFIX.size
-    layout.header_size = -(-unpadded // HEADER_ALIGNMENT) * HEADER_ALIGNMENT
+    layout = assemble(slots, metadata)
     if layout.header_size > SAFETENSORS_MAX_HEADER:
         warnings.warn(f"this checkpoint's header is {layout.header_size:,} bytes ({len(slots):,} "
                       f"tensors): flashstream loads it, but safetensors refuses headers over "
@@ -137,19 +139,78 @@ def plan(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> Layout:
     return layout
 
 
-def _header_json(layout: Layout, crcs: Sequence[int]) -> bytes:
-    meta = dict(layout.metadata)
-    meta["flashstream.checksums"] = json.dumps(
-        {s.name: f"{crc:08x}" for s, crc in zip(layout.slots, crcs)})
-    header: Dict[str, Any] = {"__metadata__": meta}
-    for s in layout.slots:
+def assemble(slots: List[Slot], metadata: Mapping[str, str],
+             like: Optional[Layout] = None) -> Layout:
+    """The layout of ``slots`` (placed already) with ``metadata``, its header sized. ``like``:
+    an earlier layout with the same slots, whose cached header pieces are reused."""
+    # The header's own checksum first: found at once, and its placeholder has its final width.
+    meta = {"flashstream.header_crc32c": _NO_CRC, **metadata}
+    if like is not None:
+        if "flashstream.dtypes" in like.metadata:
+            meta["flashstream.dtypes"] = like.metadata["flashstream.dtypes"]
+    else:
+        raw = {s.name: [str(s.dtype), list(s.shape)] for s in slots if s.stored_as_bytes}
+        if raw:
+            meta["flashstream.dtypes"] = json.dumps(raw)
+    data_size = slots[-1].offset + slots[-1].nbytes if slots else 0
+    layout = Layout(slots, meta, 0, data_size)
+    if like is not None:
+        layout.encoded_names, layout.tensors_json = like.encoded_names, like.tensors_json
+        layout.checks_length = like.checks_length
+    size_header(layout)
+    return layout
+
+
+def _pieces(layout: Layout) -> None:
+    """Cache the header's parts that depend only on the slots (kept by ``relayout``)."""
+    if layout.tensors_json is not None:
+        return
+    names = [_encode(s.name) for s in layout.slots]
+    parts = []
+    for s, n in zip(layout.slots, names):
         if s.stored_as_bytes:
-            dtype, shape = "U8", [s.nbytes]
+            dtype, shape = "U8", str(s.nbytes)
         else:
-            dtype, shape = _SAFETENSORS_NAMES[s.dtype], list(s.shape)
-        header[s.name] = {"dtype": dtype, "shape": shape,
-                                "data_offsets": [s.offset, s.offset + s.nbytes]}
-    return json.dumps(header, separators=(",", ":")).encode()
+            dtype, shape = _SAFETENSORS_NAMES[s.dtype], ",".join(map(str, s.shape))
+        parts.append(f',{n}:{{"dtype":"{dtype}","shape":[{shape}],"data_offsets":'
+                     f'[{s.offset},{s.offset + s.nbytes}]}}')
+    layout.encoded_names = names
+    layout.tensors_json = "".join(parts)
+    # Checksums are fixed-width hex: the encoded checksums string has this length for any.
+    layout.checks_length = len(_encode(_checksums(names, [0] * len(names))))
+
+
+def _checksums(names: Sequence[str], crcs: Sequence[int]) -> str:
+    return "{" + ",".join(f'{n}:"{crc:08x}"' for n, crc in zip(names, crcs)) + "}"
+
+
+_CHECKSUMS_KEY = _encode("flashstream.checksums")
+
+
+def _metadata_json(metadata: Mapping[str, str]) -> str:
+    return ",".join(f"{_encode(k)}:{_encode(v)}" for k, v in metadata.items())
+
+
+def _header_json(layout: Layout, crcs: Sequence[int]) -> bytes:
+    """The header as compact JSON, the bytes ``json.dumps(header, separators=(",", ":"))``
+    gives, built from pieces: json.dumps of a 50,000-tensor header took 0.4 s of the stall."""
+    _pieces(layout)
+    checks = _encode(_checksums(layout.encoded_names, crcs))
+    return (f'{{"__metadata__":{{{_metadata_json(layout.metadata)},{_CHECKSUMS_KEY}:{checks}}}'
+            f'{layout.tensors_json}}}').encode()
+
+
+def _header_length(layout: Layout) -> int:
+    """len(_header_json(layout, any crcs)), without building the checksums."""
+    _pieces(layout)
+    return (len('{"__metadata__":{') + len(_metadata_json(layout.metadata)) + 1
+            + len(_CHECKSUMS_KEY) + 1 + layout.checks_length + 1 + len(layout.tensors_json) + 1)
+
+
+def size_header(layout: Layout) -> None:
+    """Set ``layout.header_size``: the header padded so the data region starts aligned."""
+    unpadded = _header_length(layout) + _PREFIX.size
+    layout.header_size = -(-unpadded // HEADER_ALIGNMENT) * HEADER_ALIGNMENT
 
 
 def header_bytes(layout: Layout, crcs: Sequence[int]) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -20,7 +21,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -32,8 +33,9 @@ from ..telemetry.device import device_of, online_discard
 from ..telemetry.histogram import LatencyHistogram
 from ..telemetry.write_model import WriteModel, learn_from_save, load_model
 from .config import WriterConfig
-from .format import FORMAT_VERSION, HEADER_ALIGNMENT, Layout, header_bytes, plan
+from .format import FORMAT_VERSION, HEADER_ALIGNMENT, Layout, assemble, header_bytes, plan
 from .pacing import PlanSettings, SaveController, plan_save
+from .relayout import Plan, relayout
 from .report import SaveReport
 from .staging import StagingBuffer, lost_tensors, snapshot
 from .store import (
@@ -121,15 +123,40 @@ def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     return rank, world_size
 
 
-def _layout(state_dict: Any, step: int, rank: int, world_size: int) -> Layout:
+def _layout(state_dict: Any, step: int, rank: int, world_size: int,
+            previous: Optional[Plan] = None) -> Tuple[Layout, Plan]:
     """The file ``state_dict`` makes as checkpoint ``step`` of ``rank``: where every tensor
-    goes, and the header's size (raises TypeError naming anything that cannot be saved)."""
-    skeleton, entries = flatten(state_dict)
+    goes, and the header's size (raises TypeError naming anything that cannot be saved).
+    ``previous``: the last save's plan, reused when the state kept its shape (relayout.py).
+    Returns the layout and the plan to pass next time."""
+    fit = relayout(state_dict, previous) if previous is not None else None
+    if fit is not None:
+        skeleton, slots = fit
+    else:
+        skeleton, entries = flatten(state_dict)
     metadata = {"format": "pt", "flashstream.version": FORMAT_VERSION,
                 "flashstream.structure": json.dumps(skeleton, separators=(",", ":")),
                 "flashstream.step": str(step), "flashstream.rank": str(rank),
                 "flashstream.world_size": str(world_size)}
-    return plan(entries, metadata)
+    if fit is not None:
+        layout = assemble(slots, metadata, like=previous.layout)
+        return layout, Plan(skeleton, layout, previous.slot_of)
+    layout = plan(entries, metadata)
+    return layout, Plan.of(skeleton, layout)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic GC: walking a 50,000-tensor state dict allocates enough containers to
+    trigger collections that traverse the whole heap (the training state included), which
+    doubled the stall of some saves. Nothing made here is cyclic."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _reserved_bytes(reserve: Any, alignment: int) -> int:
@@ -138,7 +165,7 @@ def _reserved_bytes(reserve: Any, alignment: int) -> int:
     if isinstance(reserve, (int, str)) and not isinstance(reserve, bool):
         size = parse_size(reserve, name="reserve") + HEADER_ALIGNMENT
     else:
-        size = _layout(reserve, 10 ** 19, 0, 1).file_size
+        size = _layout(reserve, 10 ** 19, 0, 1)[0].file_size
     return -(-size // alignment) * alignment
 
 
@@ -219,6 +246,7 @@ class CheckpointWriter:
             raise
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
         self._pending: Optional[SaveHandle] = None
+        self._plan: Optional[Plan] = None  # the last save's layout, for the next (relayout.py)
         self._lock = threading.Lock()
         self._closed = False
         self.reports: List[SaveReport] = []
@@ -257,7 +285,9 @@ class CheckpointWriter:
         waited = time.perf_counter() - started
         if StepDir(self.directory, step).marker(self.rank, self.world_size).exists():
             raise ValueError(f"step {step} is already committed in {self.directory}")
-        layout = _layout(state_dict, step, self.rank, self.world_size)
+        with _no_cyclic_gc():  # the walk makes ~2 containers per tensor: full collections
+            layout, self._plan = _layout(state_dict, step, self.rank, self.world_size,
+                                         self._plan)
         pending = snapshot(layout, self._staging, self.config.snapshot)
         copied = threading.Event()
         if pending is None:
