@@ -202,6 +202,42 @@ def test_samples_before_a_truncated_end_are_delivered(tmp_path, engine):
         ShardStream(str(cut))
 
 
+def test_a_shard_cut_in_the_padding_after_a_member_raises(tmp_path, engine):
+    """A download that stopped inside the padding after a member's data: every member is whole,
+    and it yielded all but nothing was said. webdataset (tarfile) raises; so must we, in the
+    scan, in the read, and with an index that was written over the cut file (an older
+    flashstream accepted it), naming the file and offset."""
+    import dataclasses
+
+    from flashstream.settings import IOSettings
+    from flashstream.stream import index as shard_index
+    from flashstream.stream.handlers import reraise_exception
+
+    good = write_tar(tmp_path / "ten.tar", make_samples(10, sizes=[3000]))
+    with tarfile.open(good) as tar:
+        last = tar.getmembers()[-1]
+    cut = tmp_path / "cut.tar"
+    where = last.offset_data + last.size + 30  # the padding runs to the next 512 bytes
+    cut.write_bytes(good.read_bytes()[:where])
+    for index in (False, True):
+        with pytest.raises(ShardFormatError, match="truncated tar padding") as info:
+            list(ShardStream(str(cut), index=index))
+        assert info.value.url == str(cut) and info.value.offset == where
+    stat = os.stat(cut)
+    whole = shard_index.scan_shards([str(good)], IOSettings(), reraise_exception)[0]
+    shard_index.write_sidecar(str(cut), dataclasses.replace(
+        whole, shard_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns))
+    with pytest.raises(ShardFormatError, match="truncated tar padding"):
+        list(ShardStream(str(cut)))
+    with pytest.raises(Exception, match="unexpected end of data"):  # what webdataset does
+        import webdataset as wds
+        list(wds.WebDataset(str(cut), shardshuffle=False))
+    # Cut exactly after the padding (no end-of-archive blocks): tarfile accepts that, so do we.
+    whole_blocks = tmp_path / "blocks.tar"
+    whole_blocks.write_bytes(good.read_bytes()[:last.offset_data + 3072])
+    assert len(list(ShardStream(str(whole_blocks), index=False))) == 10
+
+
 def test_samples_before_a_cut_gzip_trailer_are_delivered(tmp_path):
     import gzip
 

@@ -202,6 +202,11 @@ void TarScanner::State::end() {
   if (phase == Phase::kData || (phase == Phase::kSkip && pos < data_end))
     fail(pos, "truncated member " + name + ": " + std::to_string(size - (data_end - pos)) +
                   " of " + std::to_string(size) + " bytes" + at);
+  // Cut inside the padding after a member's data: a download that stopped there. The member
+  // is whole, but tarfile (so webdataset) raises, and the sample still open is lost there too.
+  if (phase == Phase::kSkip)
+    fail(pos, "truncated tar padding after member " + name + ": the shard ends " +
+                  std::to_string(skip_end - pos) + " bytes short of a 512-byte block" + at);
   if (pending.active)
     fail(pos, "extended tar header at offset " + std::to_string(pending.first_offset) +
                   " is not followed by a member" + at);
