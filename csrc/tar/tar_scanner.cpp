@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include "common/errors.hpp"
 #include "tar/tar_format.hpp"
 
 namespace flashstream {
+
+constexpr size_t kLinearDuplicateCheck = 16;  // fields checked one by one below this
 
 using tar::fail;
 using tar::kBlock;
@@ -139,6 +142,9 @@ struct TarScanner::State {
   std::shared_ptr<std::vector<uint8_t>> assembled;  // data spanning pieces
 
   Sample open;  // the sample being grouped; emitted when the key changes or the shard ends
+  // The open sample's extensions, once it has kLinearDuplicateCheck of them (see
+  // finish_member): 80,000 members under one key took 7-9 s checked one by one.
+  std::unordered_set<std::string> open_exts;
 
   void begin(uint64_t start_offset);
   void feed(const uint8_t* p, size_t n);
@@ -170,6 +176,7 @@ void TarScanner::State::begin(uint64_t start_offset) {
   has_global_path = false;
   assembled.reset();
   open = Sample();
+  open_exts.clear();
 }
 
 void TarScanner::State::feed(const uint8_t* p, size_t n) {
@@ -433,7 +440,13 @@ void TarScanner::State::finish_member(const uint8_t* data,
     open.offset = member_offset;
   }
   bool duplicate = ext == "__key__" || ext == "__url__";
-  for (const Field& f : open.fields) duplicate = duplicate || f.ext == ext;
+  if (open.fields.size() < kLinearDuplicateCheck) {
+    for (const Field& f : open.fields) duplicate = duplicate || f.ext == ext;
+  } else {  // a sample of many members: a scan per member would be quadratic
+    if (open_exts.empty())
+      for (const Field& f : open.fields) open_exts.insert(f.ext);
+    duplicate = !open_exts.insert(ext).second || duplicate;
+  }
   if (duplicate) fail(member_offset, "duplicate file name in tar file: " + name);
 
   Field& f = open.fields.emplace_back();
@@ -450,6 +463,7 @@ void TarScanner::State::emit_open() {
   if (open.fields.empty()) return;
   samples->push_back(std::move(open));
   open = Sample();
+  open_exts.clear();
   ++stats->samples;
 }
 
