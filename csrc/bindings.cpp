@@ -289,12 +289,25 @@ class PyScanner {
     std::vector<Sample>& samples = scanner_.samples();
     nb::list out;
     nb::list offsets;
-    for (const Sample& sample : samples) {
-      out.append(to_dict(sample));
+    size_t taken = 0;
+    for (; taken < samples.size(); ++taken) {
+      const Sample& sample = samples[taken];
+      nb::dict d;
+      try {
+        d = to_dict(sample);
+      } catch (const FormatError&) {
+        if (taken == 0) throw;
+        break;  // the samples before it now; it raises on the next take()
+      }
+      out.append(d);
       if (with_offsets) offsets.append(nb::make_tuple(sample.offset, sample.end_offset));
     }
-    scanner_.clear_samples();
-    fed_ = nb::none();
+    if (taken == samples.size()) {
+      scanner_.clear_samples();
+      fed_ = nb::none();
+    } else {
+      samples.erase(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(taken));
+    }
     if (with_offsets) return nb::make_tuple(out, offsets);
     return out;
   }
@@ -368,7 +381,16 @@ class PyScanner {
       nb::object value = nb::steal(PyBytes_FromStringAndSize(
           reinterpret_cast<const char*>(field.data), static_cast<Py_ssize_t>(field.size)));
       if (!value.is_valid()) throw nb::python_error();
-      d[extension(field.ext)] = value;
+      nb::object ext = extension(field.ext);
+      // The scanner's duplicate check lowercases ASCII; str.lower() (webdataset's rule, used
+      // for the key here) folds more ("\u212a" is "k"), and may spell a reserved key. Two
+      // members must never become one field, nor a member replace __key__ or __url__.
+      if (d.contains(ext) || ext.equal(local_key_))
+        throw FormatError("duplicate file name in tar file: " + sample.key + "." + field.ext +
+                              " (extension " + nb::cast<std::string>(nb::repr(ext)) +
+                              " once lowercased)",
+                          sample.offset);
+      d[ext] = value;
       if (first && !local_path_.is_none()) d[local_key_] = local_path_;
       first = false;
     }

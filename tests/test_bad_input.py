@@ -263,6 +263,29 @@ def test_many_members_under_one_key_are_checked_for_duplicates_in_linear_time(tm
             list(ShardStream(str(bad), index=False))
 
 
+@pytest.mark.parametrize("ext", ["\u212a", "__\u212aey__", "__local_path__"])
+def test_extensions_equal_once_lowercased_are_duplicates(tmp_path, ext):
+    """The scanner compared ASCII-lowercased extensions, the sample dict str.lower()ed ones:
+    "s1.k" and "s1.\u212a" (KELVIN SIGN) became one field (a payload lost without a word),
+    and "s1.__\u212aey__" replaced the sample's __key__. One rule now, and no member sets
+    __key__, __url__ or __local_path__; the samples before it are delivered."""
+    import io
+
+    path = tmp_path / "fold.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ("s0.k", "s1.k", f"s1.{ext}", "s2.k"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    seen = []
+    with pytest.raises(ShardFormatError, match="duplicate file name") as info:
+        for sample in ShardStream(str(path), index=False):
+            seen.append(sample["__key__"])
+    assert seen == ["s0"] and info.value.offset == 1024
+    with pytest.raises(ShardFormatError, match="duplicate file name"):
+        list(ShardStream(str(path)))
+
+
 def test_samples_before_a_cut_gzip_trailer_are_delivered(tmp_path):
     import gzip
 

@@ -129,6 +129,7 @@ class _Batches:
         # are left out: a batch depends on its own samples only.
         layouts = [FieldLayout(ext, region, nbytes, lengths)
                    for ext, region, nbytes, lengths in fields if lengths.max(initial=-1) >= 0]
+        _check_field_names(layouts)
         for layout in layouts:
             if layout.name not in self.exts:
                 self.exts.append(layout.name)
@@ -216,3 +217,18 @@ class PackedPass:
             batches.discard()
         if following == count:  # else the handler ended the pass
             work.cursor = max(work.cursor, work.length)
+
+
+_RESERVED = ("__key__", "__url__", "__local_path__")
+
+
+def _check_field_names(layouts) -> None:
+    """The scanner tells fields apart by ASCII-lowercased extension; their names are
+    str.lower()ed (webdataset's rule), which folds more ("\u212a" is "k") and may spell a
+    reserved key. Two fields must never become one column, nor a field replace __key__."""
+    names = [layout.name for layout in layouts]
+    clash = next((n for n in names if n in _RESERVED or names.count(n) > 1), None)
+    if clash is not None:
+        raise ValueError(f"two tar members' extensions both become the field {clash!r} "
+                         f"once lowercased (or it is a reserved key); rename them in the "
+                         f"shards")

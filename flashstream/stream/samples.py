@@ -170,7 +170,10 @@ class _Pass:
     def salvage(self) -> List[Record]:
         """Samples completed before an error in the current piece."""
         records, self.pending = self.pending, []
-        return records + self.records()
+        try:
+            return records + self.records()
+        except FormatError:  # the bad sample itself (a duplicate field): the error says so
+            return records
 
     def complete(self) -> bool:
         """True when the open piece has delivered every sample it wants."""
