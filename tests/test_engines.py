@@ -131,6 +131,31 @@ def test_skip_extent_after_last_chunk_is_a_no_op(files, engine):
         reader.close()
 
 
+def test_a_file_shrinking_mid_read_ends_its_extent_once(tmp_path, engine):
+    """Every engine flags exactly one chunk as its extent's last, also when the file shrinks
+    under the reader (the Python engine flagged each chunk still in flight: 11 of them), and
+    goes on with the next extent."""
+    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
+    big.write_bytes(os.urandom(4 << 20))
+    small.write_bytes(b"s" * 5000)
+    reader = open_reader([(str(big), 0, 4 << 20), (str(small), 0, TO_END)],
+                         settings.resolve(chunk_size=65536, queue_depth=16))
+    lasts, after, data = {0: 0, 1: 0}, {0: 0, 1: 0}, {0: bytearray(), 1: bytearray()}
+    try:
+        first = reader.next()
+        data[0] += first[2]
+        os.truncate(big, 100_000)
+        while (chunk := reader.next()) is not None:
+            extent, _offset, piece, _first, last = chunk
+            after[extent] += lasts[extent]  # a chunk after the last one
+            lasts[extent] += bool(last)
+            data[extent] += piece
+    finally:
+        reader.close()
+    assert lasts == {0: 1, 1: 1} and after == {0: 0, 1: 0}
+    assert bytes(data[1]) == b"s" * 5000
+
+
 def test_engine_names():
     assert flashstream.engine_name("threads") == "threads"
     assert flashstream.engine_name("auto") in ("uring", "threads")
