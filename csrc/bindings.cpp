@@ -10,6 +10,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -381,16 +382,13 @@ class PyScanner {
       nb::object value = nb::steal(PyBytes_FromStringAndSize(
           reinterpret_cast<const char*>(field.data), static_cast<Py_ssize_t>(field.size)));
       if (!value.is_valid()) throw nb::python_error();
-      nb::object ext = extension(field.ext);
-      // The scanner's duplicate check lowercases ASCII; str.lower() (webdataset's rule, used
-      // for the key here) folds more ("\u212a" is "k"), and may spell a reserved key. Two
-      // members must never become one field, nor a member replace __key__ or __url__.
-      if (d.contains(ext) || ext.equal(local_key_))
+      const Extension& ext = extension(field.ext);
+      if (ext.check && (d.contains(ext.name) || ext.name.equal(local_key_)))
         throw FormatError("duplicate file name in tar file: " + sample.key + "." + field.ext +
-                              " (extension " + nb::cast<std::string>(nb::repr(ext)) +
+                              " (extension " + nb::cast<std::string>(nb::repr(ext.name)) +
                               " once lowercased)",
                           sample.offset);
-      d[ext] = value;
+      d[ext.name] = value;
       if (first && !local_path_.is_none()) d[local_key_] = local_path_;
       first = false;
     }
@@ -399,22 +397,33 @@ class PyScanner {
 
   static nb::object decode(const std::string& raw) { return decode_name(raw); }
 
-  // Extensions repeat on every sample: decode each once.
-  nb::object extension(const std::string& raw) {
+  // A field's name, decoded once per distinct extension (they repeat on every sample).
+  // `check`: the scanner's duplicate test does not cover this name, so the dict must. The
+  // scanner compares ASCII-lowercased bytes and refuses "__key__" and "__url__"; str.lower()
+  // (webdataset's rule) folds non-ASCII further ("\u212a" is "k"), and "__local_path__" is
+  // ours to add. Two members must never become one field, nor a member replace a key of ours.
+  struct Extension {
+    nb::object name;
+    bool check;
+  };
+
+  const Extension& extension(const std::string& raw) {
     auto it = ext_cache_.find(raw);
     if (it != ext_cache_.end()) return it->second;
     nb::object s = decode_extension(raw);
     PyObject* raw_str = s.release().ptr();
     PyUnicode_InternInPlace(&raw_str);
     s = nb::steal(raw_str);
-    ext_cache_.emplace(raw, s);
-    return s;
+    const bool ascii = std::all_of(raw.begin(), raw.end(),
+                                   [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    const bool check = !ascii || s.equal(local_key_);
+    return ext_cache_.emplace(raw, Extension{s, check}).first->second;
   }
 
   TarScanner scanner_;
   nb::str key_key_, url_key_, local_key_;
   nb::object url_ = nb::none(), local_path_ = nb::none(), fed_ = nb::none();
-  std::unordered_map<std::string, nb::object> ext_cache_;
+  std::unordered_map<std::string, Extension> ext_cache_;
 };
 
 nb::object split_key_py(nb::bytes name) {
@@ -644,7 +653,7 @@ nb::dict read_file_into_py(nb::bytes path, nb::handle data, uint64_t length, siz
 void copy_ranges_py(U64Array triples, unsigned threads) {
   const size_t n = triples.shape(0);
   if (n % 3) throw std::invalid_argument("copy_ranges takes (src, dst, len) triples");
-  std::vector<CopyJob> jobs(n / 3);
+  std::vector<CopyRange> jobs(n / 3);
   const uint64_t* v = triples.data();
   for (size_t i = 0; i < jobs.size(); ++i)
     jobs[i] = {reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(v[3 * i])),

@@ -12,7 +12,7 @@ namespace {
 constexpr size_t kMinBytesPerThread = size_t(4) << 20;
 
 // Copies bytes [from, to) of the concatenation of the jobs.
-void copy_span(const CopyJob* jobs, size_t count, size_t from, size_t to) {
+void copy_span(const CopyRange* jobs, size_t count, size_t from, size_t to) {
   size_t at = 0;  // offset of jobs[i] in the concatenation
   for (size_t i = 0; i < count && at < to; at += jobs[i].len, ++i) {
     const size_t lo = std::max(from, at), hi = std::min(to, at + jobs[i].len);
@@ -22,7 +22,7 @@ void copy_span(const CopyJob* jobs, size_t count, size_t from, size_t to) {
 
 }  // namespace
 
-void copy_ranges(const CopyJob* jobs, size_t count, unsigned threads) {
+void copy_ranges(const CopyRange* jobs, size_t count, unsigned threads) {
   size_t total = 0;
   for (size_t i = 0; i < count; ++i) total += jobs[i].len;
   const size_t useful = std::max<size_t>(1, total / kMinBytesPerThread);

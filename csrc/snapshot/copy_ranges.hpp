@@ -13,14 +13,14 @@
 
 namespace flashstream {
 
-struct CopyJob {
+struct CopyRange {
   const uint8_t* src;
   uint8_t* dst;
   size_t len;
 };
 
-// Copies every job (src and dst of one job must not overlap). threads <= 1, or too little to
-// share, copies on the caller's thread.
-void copy_ranges(const CopyJob* jobs, size_t count, unsigned threads);
+// Copies every range (src and dst of one range must not overlap). threads <= 1, or too little
+// to share, copies on the caller's thread.
+void copy_ranges(const CopyRange* ranges, size_t count, unsigned threads);
 
 }  // namespace flashstream

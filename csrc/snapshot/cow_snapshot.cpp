@@ -62,10 +62,11 @@ struct Probe {
 };
 
 // Memory-change events: a source released while the snapshot runs (free() of a tensor's
-// storage, FSDP's storage.resize_(0)) must fail the snapshot, not be copied as zeros or as
-// someone else's data.
-constexpr uint64_t kEventFeatures =
-    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP;
+// storage, FSDP's storage.resize_(0)) is reported by lost(), not copied as zeros or as someone
+// else's data. Not EVENT_REMAP: with it, mremap keeps the moved pages registered and
+// write-protected at an address no block covers, and a write there would fault forever.
+// Without it the kernel clears their protection, and the old range reports as unmapped.
+constexpr uint64_t kEventFeatures = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE;
 
 int uffd_open(int extra_flags) {
   return static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | extra_flags));
@@ -494,6 +495,7 @@ bool CowSnapshot::copy_block(Block& b, bool by_fault) noexcept {
     err = 0;
   }
   if (err) fail(err, "UFFDIO_WRITEPROTECT");
+  b.done_epoch = epoch_.load();  // before state 2: lose() reads it after seeing 2
   b.state.store(2, std::memory_order_release);
   if (by_fault) {
     fault_copies_.fetch_add(1, std::memory_order_relaxed);
@@ -534,10 +536,11 @@ void CowSnapshot::serve_fault(uintptr_t addr) noexcept {
   if (err && err != ENOENT) fail(err, "UFFDIO_WAKE");
 }
 
-// Memory in [start, end) was unmapped, zapped (MADV_DONTNEED/REMOVE) or moved: whatever part
-// of it was not copied yet is gone. A block being copied right now counts as lost too: its
-// copy may have read the new contents. Runs on the handler thread, so it must not allocate.
-void CowSnapshot::lose(uintptr_t start, uintptr_t end) noexcept {
+// Memory in [start, end) was unmapped or zapped (MADV_DONTNEED/REMOVE): whatever part of it
+// was not copied before the event was read is gone. The kernel zaps only once the event is
+// read, so a copy that finished after that read began (epoch) may have read zeros: lost too.
+// Runs on the handler thread, so it must not allocate.
+void CowSnapshot::lose(uintptr_t start, uintptr_t end, uint64_t epoch) noexcept {
   auto it = std::upper_bound(segments_.begin(), segments_.end(), start,
                              [](uintptr_t a, const Segment& s) { return a < s.start; });
   if (it != segments_.begin()) --it;
@@ -546,9 +549,11 @@ void CowSnapshot::lose(uintptr_t start, uintptr_t end) noexcept {
     const uintptr_t lo = std::max(start, it->start), hi = std::min(end, it->end);
     const size_t first = it->first_block + lo / block_ - it->start / block_;
     const size_t last = it->first_block + (hi - 1) / block_ - it->start / block_;
-    for (size_t i = first; i <= last; ++i)
-      if (blocks_[i].state.load(std::memory_order_acquire) != 2)
-        blocks_[i].lost.store(true, std::memory_order_relaxed);
+    for (size_t i = first; i <= last; ++i) {
+      Block& b = blocks_[i];
+      if (b.state.load(std::memory_order_acquire) != 2 || b.done_epoch >= epoch)
+        b.lost.store(true, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -562,6 +567,7 @@ void CowSnapshot::handler_main() noexcept {
       return;  // the copier sees aborted_ and un-protects everything, which wakes writers
     }
     for (;;) {  // drain
+      const uint64_t epoch = epoch_.fetch_add(1) + 1;  // copies finishing from now on race
       const ssize_t got = read(uffd_, msgs, sizeof msgs);
       if (got < 0) {
         if (errno == EINTR) continue;
@@ -576,9 +582,7 @@ void CowSnapshot::handler_main() noexcept {
         if (m.event == UFFD_EVENT_PAGEFAULT)
           serve_fault(m.arg.pagefault.address);
         else if (m.event == UFFD_EVENT_UNMAP || m.event == UFFD_EVENT_REMOVE)
-          lose(m.arg.remove.start, m.arg.remove.end);
-        else if (m.event == UFFD_EVENT_REMAP)
-          lose(m.arg.remap.from, m.arg.remap.from + m.arg.remap.len);
+          lose(m.arg.remove.start, m.arg.remove.end, epoch);
       }
     }
   }

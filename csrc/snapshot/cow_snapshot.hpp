@@ -16,9 +16,10 @@
 //
 // The caller keeps every destination valid until wait() returns (or the object is destroyed).
 // A source released before its copy (free(), a storage resized to 0, madvise(MADV_DONTNEED),
-// mremap) is caught where the kernel reports it (userfaultfd's unmap/remove/remap events)
-// or where the copy finds nothing mapped: its blocks are reported by lost(), never copied
-// silently from whatever lies there afterwards, and never a crash.
+// mremap) is caught where the kernel reports it (userfaultfd's unmap and remove events) or
+// where the copy finds nothing mapped (process_vm_readv's EFAULT): its blocks are reported by
+// lost(), not copied silently from whatever lies there afterwards. Where seccomp refuses
+// process_vm_readv the copy is a memcpy, and a source unmapped under it still faults.
 #pragma once
 
 #include <atomic>
@@ -31,6 +32,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "snapshot/copy_ranges.hpp"
 
 namespace flashstream {
 
@@ -49,12 +52,6 @@ const char* cow_mode_name(CowMode mode);  // "none", "user", "full"
 // True when this process can write-protect anonymous memory with userfaultfd in a way that is
 // transparent to its other code: kernel writes into protected pages are served too (kFull).
 bool cow_available();
-
-struct CopyRange {
-  const uint8_t* src;
-  uint8_t* dst;
-  size_t len;
-};
 
 struct CowStats {
   uint64_t protected_bytes = 0;   // bytes write-protected and copied later
@@ -109,6 +106,7 @@ class CowSnapshot {
     uint8_t* dst;
     std::atomic<uint8_t> state{0};  // 0 pending, 1 being copied, 2 copied and un-protected
     std::atomic<bool> lost{false};  // its source was released before the copy finished
+    uint64_t done_epoch = 0;        // the handler's epoch when the copy finished
   };
 
   void plan(const std::vector<CopyRange>& ranges);
@@ -122,7 +120,7 @@ class CowSnapshot {
   void copier_main() noexcept;
   void handler_main() noexcept;
   void serve_fault(uintptr_t addr) noexcept;
-  void lose(uintptr_t start, uintptr_t end) noexcept;
+  void lose(uintptr_t start, uintptr_t end, uint64_t epoch) noexcept;
   bool copy_block(Block& b, bool by_fault) noexcept;
   void wait_block(const Block& b) const noexcept;
   Block* find_block(uintptr_t addr) noexcept;
@@ -146,6 +144,7 @@ class CowSnapshot {
   std::atomic<bool> finished_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> aborted_{false};
+  std::atomic<uint64_t> epoch_{0};  // counts the handler's reads of events (see lose())
   std::atomic<int> error_{0};  // first errno a thread hit (set once)
   const char* error_op_ = nullptr;
   bool joined_ = false;

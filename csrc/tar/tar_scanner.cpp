@@ -163,6 +163,10 @@ struct TarScanner::State {
   void begin_member(const tar::RawHeader& h, uint64_t offset);
   void finish_member(const uint8_t* data, std::shared_ptr<std::vector<uint8_t>> owned);
   void enter_skip() { phase = pos < skip_end ? Phase::kSkip : Phase::kHeader; }
+  void reset_open() {
+    open = Sample();
+    open_exts.clear();
+  }
   void emit_open();
   void own_open_fields();
 };
@@ -175,8 +179,7 @@ void TarScanner::State::begin(uint64_t start_offset) {
   pending.reset();
   has_global_path = false;
   assembled.reset();
-  open = Sample();
-  open_exts.clear();
+  reset_open();
 }
 
 void TarScanner::State::feed(const uint8_t* p, size_t n) {
@@ -462,8 +465,7 @@ void TarScanner::State::finish_member(const uint8_t* data,
 void TarScanner::State::emit_open() {
   if (open.fields.empty()) return;
   samples->push_back(std::move(open));
-  open = Sample();
-  open_exts.clear();
+  reset_open();
   ++stats->samples;
 }
 
