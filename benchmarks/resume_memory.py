@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import ctypes
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,11 @@ from flashstream import CheckpointWriter, load_checkpoint
 from flashstream.cache import evict
 from flashstream.sizes import format_size, parse_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
 WAYS = ("torch.load", "flashstream", "flashstream-into")
+PEAK_SHARE = 1.05  # issue 14: peak RSS at most this x torch.load's
 _WIDTH = 2048  # a Linear(2048, 2048) holds 16 MiB of float32 weights
 
 
@@ -62,7 +65,7 @@ def peak_rss() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status: this benchmark needs Linux")
 
 
 def live_rss() -> int:
@@ -123,33 +126,40 @@ def main(argv: List[str] = None) -> int:
         return 0
     print(f"saving a {format_size(size)} model + AdamW state (torch.save and flashstream)...")
     nbytes = prepare(size, args.dir)
+    info = _bench.environment(args.dir)
+    _bench.print_header(info)
+    files = [path for path in args.dir.rglob("*") if path.is_file()]
     results: Dict[str, Dict[str, float]] = {}
     for way in WAYS:
-        evict([directory for directory in args.dir.rglob("*") if directory.is_file()])
+        evict(files)
         out = subprocess.run([sys.executable, __file__, "--child", way, "--size", str(size),
                               "--dir", str(args.dir)], check=True, capture_output=True,
                              text=True)
         results[way] = json.loads(out.stdout.strip().splitlines()[-1])
     base = results["torch.load"]
+    rows = []
+    for way, r in results.items():
+        for key in ("peak_rss", "load_peak_rss", "rss_after_step"):
+            r[f"{key}_vs_torch_load"] = r[key] / base[key]
+        rows.append({"way": way, "peak RSS": format_size(r["peak_rss"]),
+                     "x torch": r["peak_rss_vs_torch_load"],
+                     "peak in load": format_size(r["load_peak_rss"]),
+                     "x torch ": r["load_peak_rss_vs_torch_load"],
+                     "RSS after step": format_size(r["rss_after_step"]),
+                     "x torch  ": r["rss_after_step_vs_torch_load"],
+                     "load s (cold)": r["load_s"]})
     print(f"\ncheckpoint {format_size(nbytes)}; each way in a fresh process: build model + "
           f"AdamW, load, one step")
-    print(f"{'way':18} {'peak RSS':>10} {'x torch':>8} {'peak in load':>13} {'x torch':>8} "
-          f"{'RSS after step':>15} {'x torch':>8} {'load s (cold)':>14}")
-    for way, r in results.items():
-        r["peak_vs_torch_load"] = r["peak_rss"] / base["peak_rss"]
-        r["load_peak_vs_torch_load"] = r["load_peak_rss"] / base["load_peak_rss"]
-        r["after_vs_torch_load"] = r["rss_after_step"] / base["rss_after_step"]
-        print(f"{way:18} {format_size(r['peak_rss']):>10} {r['peak_vs_torch_load']:>8.3f} "
-              f"{format_size(r['load_peak_rss']):>13} {r['load_peak_vs_torch_load']:>8.3f} "
-              f"{format_size(r['rss_after_step']):>15} {r['after_vs_torch_load']:>8.3f} "
-              f"{r['load_s']:>14.2f}")
-    worst = max(results[w]["peak_vs_torch_load"] for w in WAYS[1:])
-    print(f"\ntarget: peak RSS <= 1.05 x torch.load's: {'met' if worst <= 1.05 else 'NOT met'} "
-          f"(worst {worst:.3f})")
+    _bench.print_table(rows, list(rows[0]))
+    worst = max(results[w]["peak_rss_vs_torch_load"] for w in WAYS[1:])
+    verdicts = {"peak RSS of a resume / torch.load's (worst way)": {
+        "value": worst, "target": f"<= {PEAK_SHARE}", "met": worst <= PEAK_SHARE}}
+    print("\ntargets:")
+    _bench.print_verdicts(verdicts)
     if args.json:
-        args.json.write_text(json.dumps({"size": size, "checkpoint_bytes": nbytes,
-                                         "results": results, "target_met": worst <= 1.05},
-                                        indent=2))
+        payload = {"environment": info, "size": size, "checkpoint_bytes": nbytes,
+                   "results": results, "verdicts": verdicts}
+        print(f"\nJSON: {_bench.write_json(args.json, payload)}")
     return 0
 
 

@@ -187,11 +187,10 @@ class PythonReader:
             self._held = buffer
             end = min(step.hi, step.offset + got)
             data = memoryview(buffer)[step.lo - step.offset:max(end, step.lo) - step.offset]
-            if end < step.hi and not step.last:
-                # The file shrank: this short chunk ends the extent, as in the C++ engines;
-                # the requests still in flight for it are dropped, not flagged last again.
-                self._skip_below = max(self._skip_below, step.extent)
-            return (step.extent, step.lo, data, step.first, step.last or end < step.hi)
+            short = end < step.hi
+            if short:  # the file shrank: this chunk ends the extent, as in the C++ engines
+                self.skip_extent()  # and the requests still in flight for it are dropped
+            return (step.extent, step.lo, data, step.first, step.last or short)
         return None
 
     def skip_extent(self) -> None:

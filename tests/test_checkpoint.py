@@ -72,6 +72,18 @@ def test_snapshot_holds_the_step_even_when_training_changes_tensors(tmp_path, mo
     assert_same(expected["model"], loaded["model"])
 
 
+@pytest.mark.parametrize("mode", ["copy", "cow"])
+def test_lazy_conjugate_and_negative_views_are_saved_as_their_values(tmp_path, mode):
+    # Contiguous CPU tensors are copied as raw bytes; a conjugate or negative view has the
+    # bytes of its base and a flag, so it must take torch's copy (it saved the base's values).
+    z = torch.randn(300_000, dtype=torch.complex64)  # 2.4 MB: past every small-tensor path
+    x = torch.randn(300_000)
+    state = {"conj": z.conj(), "neg": torch._neg_view(x), "small": z[:10].conj()}
+    expected = {k: v.resolve_conj().resolve_neg().clone() for k, v in state.items()}
+    save_one(tmp_path, state, snapshot=mode)
+    assert_same(expected, load_checkpoint(tmp_path))
+
+
 def test_cow_round_trip_every_kind(tmp_path):
     if not engine.cow_available():
         pytest.skip("userfaultfd write-protection is not available here")

@@ -46,7 +46,7 @@ FORMAT_VERSION = "1"
 HEADER_ALIGNMENT = 4096
 #: safetensors refuses headers longer than this (its MAX_HEADER_SIZE).
 SAFETENSORS_MAX_HEADER = 100_000_000
-_PREFIX = struct.Struct("<Q")
+PREFIX = struct.Struct("<Q")
 _HEADER_CRC = b'"flashstream.header_crc32c":"'
 _NO_CRC = "00000000"
 
@@ -209,17 +209,17 @@ def _header_length(layout: Layout) -> int:
 
 def size_header(layout: Layout) -> None:
     """Set ``layout.header_size``: the header padded so the data region starts aligned."""
-    unpadded = _header_length(layout) + _PREFIX.size
+    unpadded = _header_length(layout) + PREFIX.size
     layout.header_size = -(-unpadded // HEADER_ALIGNMENT) * HEADER_ALIGNMENT
 
 
 def header_bytes(layout: Layout, crcs: Sequence[int]) -> bytes:
     """The first ``layout.header_size`` bytes of the file, with the tensors' checksums."""
     body = _header_json(layout, crcs)
-    padded = body.ljust(layout.header_size - _PREFIX.size, b" ")
-    if len(padded) != layout.header_size - _PREFIX.size:
+    padded = body.ljust(layout.header_size - PREFIX.size, b" ")
+    if len(padded) != layout.header_size - PREFIX.size:
         raise AssertionError("checkpoint header grew after layout")  # fixed-width checksums
-    header = bytearray(_PREFIX.pack(len(padded)) + padded)
+    header = bytearray(PREFIX.pack(len(padded)) + padded)
     at = header.find(_HEADER_CRC) + len(_HEADER_CRC)
     header[at:at + 8] = f"{engine.crc32c(bytes(header)):08x}".encode()
     return bytes(header)
@@ -274,16 +274,16 @@ def parse_header(prefix: bytes, path: str, file_size: int
 
     Raises ValueError naming ``path`` and the offset of what is wrong.
     """
-    if len(prefix) < _PREFIX.size:
+    if len(prefix) < PREFIX.size:
         raise ValueError(f"{path}: {file_size} bytes is too short for a checkpoint header")
-    (n,) = _PREFIX.unpack_from(prefix)
-    header_size = _PREFIX.size + n
+    (n,) = PREFIX.unpack_from(prefix)
+    header_size = PREFIX.size + n
     if header_size > min(len(prefix), file_size):
         _not_safetensors(prefix, path)
         raise ValueError(f"{path} is not a safetensors checkpoint: its header length {n} at "
                          f"offset 0 runs past the end of the file ({file_size} bytes)")
     try:
-        header = json.loads(bytes(prefix[_PREFIX.size:header_size]))
+        header = json.loads(bytes(prefix[PREFIX.size:header_size]))
         if not isinstance(header, dict):
             raise ValueError(f"a JSON {type(header).__name__}, not an object")
         metadata = header.pop("__metadata__", None) or {}

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .format import StoredTensor
+from .structure import describe
 
 __all__ = ["claim_targets", "copy_into"]
 
@@ -72,7 +73,7 @@ def copy_into(target: Any, loaded: Any, path: Tuple[Any, ...] = (), *, owned: bo
             return target
         if isinstance(target, torch.Tensor):
             if target.shape != loaded.shape or target.dtype != loaded.dtype:
-                raise ValueError(f"{_describe(path)}: the checkpoint holds {loaded.dtype} "
+                raise ValueError(f"{describe(path, 'state')}: the checkpoint holds {loaded.dtype} "
                                  f"{list(loaded.shape)}, the state to load into has "
                                  f"{target.dtype} {list(target.shape)}")
             with torch.no_grad():
@@ -113,6 +114,3 @@ def _owned_all(value: Any) -> Any:
         return tuple(_owned_all(v) for v in value)
     return value
 
-
-def _describe(path: Tuple[Any, ...]) -> str:
-    return "state" + "".join(f"[{k!r}]" for k in path)

@@ -17,7 +17,7 @@ from .. import engine, settings
 from ..errors import ChecksumError
 from .format import StoredTensor, check_header_crc, parse_header
 from .inplace import claim_targets, copy_into
-from .reading import read_header, read_tensors
+from .reading import bytes_of, read_header, read_tensors
 from .store import CheckpointInfo, inspect_step, newest_complete
 from .structure import unflatten
 
@@ -84,7 +84,9 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
     dict (the model's, the optimizer's, or a dict of both, as saved) to load *into*: each
     tensor is read straight into the one at the same key when it has the same shape and dtype
     and is contiguous (on any device; ``map_location`` does not move it), the rest is
-    replaced or added, and ``into`` is returned (see checkpoint/inplace.py).
+    replaced or added, and ``into`` is returned (see checkpoint/inplace.py). Each tensor is
+    verified as its bytes arrive, so a ChecksumError from a load ``into`` a state leaves that
+    state partly overwritten (as a failed in-place load does in torch.distributed.checkpoint).
     ``verify`` checks every tensor's CRC-32C and raises ChecksumError naming the first bad one.
     A plain safetensors file without flashstream metadata loads as a flat {name: tensor} dict.
     """
@@ -93,7 +95,7 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
     io = settings.resolve(engine=engine_kind, direct=direct)
     name = str(file)
     if mmap:
-        header_size, metadata, tensors, header, values = _mapped(file, verify)
+        header_size, metadata, tensors, header, values = _mapped(file)
     else:
         header_size, metadata, tensors, header = read_header(file)
     if verify:
@@ -104,13 +106,15 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
             raise ChecksumError(name, "<header>", 0, header_size)
     structure = metadata.get("flashstream.structure")
     skeleton = _skeleton(structure, tensors, name)
+    if mmap and verify:  # checked once the header is trusted, and so its offsets
+        for t in tensors:
+            if t.crc is not None and engine.crc32c(bytes_of(values[t.name]).numpy()) != t.crc:
+                raise ChecksumError(name, t.name, t.begin, t.end)
     if not mmap:
         stored = {t.name: t for t in tensors}
         claimed = claim_targets(into, skeleton, stored) if into is not None else {}
-        values = {t.name: claimed.get(t.name) for t in tensors}
-        for t in tensors:
-            if values[t.name] is None:
-                values[t.name] = torch.empty(t.shape, dtype=t.dtype)
+        values = {t.name: claimed[t.name] if t.name in claimed
+                  else torch.empty(t.shape, dtype=t.dtype) for t in tensors}
         read_tensors(file, tensors, values, io, verify=verify)
     else:
         claimed = {}
@@ -155,7 +159,7 @@ def _skeleton(structure: Optional[str], tensors: List[StoredTensor], name: str) 
                          ) from None
 
 
-def _mapped(file: Path, verify: bool
+def _mapped(file: Path
             ) -> Tuple[int, Dict[str, str], List[StoredTensor], bytes, Dict[str, torch.Tensor]]:
     """mmap=True: the file mapped (private pages), its tensors views of the mapping."""
     size = os.stat(file).st_size
@@ -166,10 +170,6 @@ def _mapped(file: Path, verify: bool
                             prot=_mmap.PROT_READ | _mmap.PROT_WRITE)
     view = np.frombuffer(buffer, dtype=np.uint8)
     header_size, metadata, tensors = parse_header(view, str(file), size)
-    if verify:
-        for t in tensors:
-            if t.crc is not None and engine.crc32c(view[t.begin:t.end]) != t.crc:
-                raise ChecksumError(str(file), t.name, t.begin, t.end)
     values = {t.name: _tensor(buffer, t) for t in tensors}
     return header_size, metadata, tensors, bytes(view[:header_size]), values
 
@@ -198,7 +198,7 @@ def _tensor(buffer: _mmap.mmap, t: StoredTensor) -> torch.Tensor:
 
 def _place(value: torch.Tensor, saved_on: Optional[str], map_location: MapLocation
            ) -> torch.Tensor:
-    if callable(map_location) and not isinstance(map_location, dict):
+    if callable(map_location):
         return _call_map_location(value, saved_on, map_location)
     if isinstance(map_location, dict):
         target = map_location.get(saved_on or "cpu", saved_on)

@@ -21,33 +21,32 @@ import torch
 from .. import engine
 from ..errors import ChecksumError
 from ..settings import IOSettings
-from .format import StoredTensor, parse_header
+from .format import PREFIX, StoredTensor, parse_header
 
-__all__ = ["READ_WINDOW", "read_header", "read_tensors"]
+__all__ = ["READ_WINDOW", "bytes_of", "read_header", "read_tensors"]
 
 _CHUNK = 4 << 20
 _DEPTH = 8
 #: Bytes in flight while a checkpoint streams in: the load's memory beyond its tensors.
 READ_WINDOW = _CHUNK * _DEPTH
-_PREFIX = 8  # the safetensors header length (little-endian u64)
 
 
 def read_header(file: Path) -> Tuple[int, Dict[str, str], List[StoredTensor], bytes]:
     """(header_size, metadata, tensors, header bytes) with two small reads."""
     size = os.stat(file).st_size
     with open(file, "rb") as f:
-        prefix = os.pread(f.fileno(), _PREFIX, 0)
-        if len(prefix) == _PREFIX:
-            n = int.from_bytes(prefix, "little")
-            if n <= size - _PREFIX:  # else parse_header says why (length past the end)
-                prefix = os.pread(f.fileno(), _PREFIX + n, 0)
-            else:
-                prefix += os.pread(f.fileno(), 64, _PREFIX)  # enough to recognise torch.save
+        prefix = os.pread(f.fileno(), PREFIX.size, 0)
+        if len(prefix) == PREFIX.size:
+            (n,) = PREFIX.unpack(prefix)
+            if n <= size - PREFIX.size:  # else parse_header says why (length past the end)
+                prefix = os.pread(f.fileno(), PREFIX.size + n, 0)
+            else:  # enough to recognise a torch.save file
+                prefix += os.pread(f.fileno(), 64, PREFIX.size)
     header_size, metadata, tensors = parse_header(prefix, str(file), size)
     return header_size, metadata, tensors, prefix[:header_size]
 
 
-def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+def bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's memory as flat uint8 (it must be contiguous)."""
     return tensor.reshape(-1).view(torch.uint8)
 
@@ -59,7 +58,7 @@ def read_tensors(file: Path, tensors: Sequence[StoredTensor], dests: Dict[str, t
     order = sorted((t for t in tensors if t.end > t.begin), key=lambda t: t.begin)
     if not order:
         return
-    targets = [_bytes_of(dests[t.name]) for t in order]
+    targets = [bytes_of(dests[t.name]) for t in order]
     crcs: List[Optional[int]] = [0 if verify and t.crc is not None else None for t in order]
     start = order[0].begin // 4096 * 4096
     stop = max(t.end for t in order)

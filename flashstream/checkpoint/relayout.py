@@ -111,8 +111,8 @@ def relayout(state: Any, previous: Plan) -> Optional[Tuple[Any, List[Slot]]]:
         sources[i] = t
     if any(s is None for s in sources):
         return None
-    for ref, t, i in views:
-        if not _still_view(t, sources[i], ref["v"]):
+    for ref, t, i in views:  # loads rebuild views on a contiguous base
+        if not (sources[i].is_contiguous() and _still_view(t, sources[i], ref["v"])):
             return None
     return skeleton, [Slot(s.name, s.dtype, s.shape, s.offset, s.nbytes, src)
                       for s, src in zip(slots, sources)]

@@ -138,7 +138,8 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Opti
             src = slot.source
             if slot.nbytes == 0 or src is None:
                 continue
-            if src.is_cpu and src.is_contiguous():
+            # Raw bytes are the values only without a lazy conjugate or negation bit.
+            if src.is_cpu and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
                 if lazy and slot.nbytes >= _COW_MIN:
                     protect.append((src.data_ptr(), into + slot.offset, slot.nbytes))
                 else:

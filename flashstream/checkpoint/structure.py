@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import numpy as np
 import torch
 
-__all__ = ["TensorEntry", "flatten", "unflatten", "SUPPORTED_TYPES"]
+__all__ = ["TensorEntry", "describe", "flatten", "unflatten", "SUPPORTED_TYPES"]
 
 SUPPORTED_TYPES = ("torch.Tensor", "numpy.ndarray", "dict", "list", "tuple", "set", "frozenset",
                    "str", "int", "float", "complex", "bool", "None", "bytes", "numpy scalars",
@@ -52,20 +52,23 @@ class TensorEntry:
     @property
     def key_path(self) -> str:
         """For error messages, e.g. "state_dict['optimizer']['state'][0]['exp_avg']"."""
-        return _describe(self.path)
+        return describe(self.path)
 
 
-def _describe(path: Tuple[Any, ...]) -> str:
-    return "state_dict" + "".join(f"[{k!r}]" for k in path)
+def describe(path: Tuple[Any, ...], root: str = "state_dict") -> str:
+    """A key path as Python would index it, e.g. "state_dict['optimizer']['state'][0]"."""
+    return root + "".join(f"[{k!r}]" for k in path)
 
 
 def _unsupported(value: Any, path: Tuple[Any, ...], why: str = "") -> TypeError:
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    return TypeError(f"{_describe(path)}: cannot checkpoint a {kind}{why}; supported types: "
+    return TypeError(f"{describe(path)}: cannot checkpoint a {kind}{why}; supported types: "
                      f"{', '.join(SUPPORTED_TYPES)}")
 
 
 def _check_tensor(t: torch.Tensor, path: Tuple[Any, ...]) -> None:
+    if not (t.layout is not torch.strided or t.is_quantized or t.is_meta or t.is_nested):
+        return  # the usual case, in one test: this runs for every tensor of every save
     if t.layout != torch.strided:
         raise _unsupported(t, path, f" with layout {t.layout} (only dense tensors)")
     if t.is_quantized:
@@ -81,7 +84,7 @@ def _encode_key(key: Any, path: Tuple[Any, ...]) -> Any:
         return key
     if isinstance(key, tuple):
         return {"U": [_encode_key(k, path) for k in key]}
-    raise TypeError(f"{_describe(path)}: cannot checkpoint a dict key of type "
+    raise TypeError(f"{describe(path)}: cannot checkpoint a dict key of type "
                     f"{type(key).__qualname__} ({key!r}); keys may be str, int, float, bool, "
                     f"None or tuples of those")
 
@@ -109,9 +112,7 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
 
     def walk(value: Any, path: Tuple[Any, ...]) -> Any:
         if isinstance(value, torch.Tensor):
-            if (value.layout is not torch.strided or value.is_quantized or value.is_meta
-                    or value.is_nested):
-                _check_tensor(value, path)  # raises, naming the key
+            _check_tensor(value, path)
             name = name_for(path)
             entries.append(TensorEntry(name, value, path))
             ref: Dict[str, Any] = {"T": name}
@@ -144,14 +145,12 @@ def flatten(state: Any) -> Tuple[Any, List[TensorEntry]]:
             return {"V": str(value)}
         if isinstance(value, np.generic) and not isinstance(value, _SCALARS):
             raise _unsupported(value, path, f" of dtype {value.dtype} (numeric only)")
-        if isinstance(value, (set, frozenset)):
-            if id(value) in active:
-                raise TypeError(f"{_describe(path)}: the state dict contains itself (a cycle)")
+        if isinstance(value, (set, frozenset)):  # hashable members only: never a cycle
             items = [walk(v, path + (i,)) for i, v in enumerate(value)]
             return {"S": items} if isinstance(value, set) else {"F": items}
         if isinstance(value, (dict, list, tuple)):
             if id(value) in active:
-                raise TypeError(f"{_describe(path)}: the state dict contains itself (a cycle)")
+                raise TypeError(f"{describe(path)}: the state dict contains itself (a cycle)")
             active.add(id(value))
             try:
                 if isinstance(value, dict):

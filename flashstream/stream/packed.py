@@ -226,9 +226,10 @@ def _check_field_names(layouts) -> None:
     """The scanner tells fields apart by ASCII-lowercased extension; their names are
     str.lower()ed (webdataset's rule), which folds more ("\u212a" is "k") and may spell a
     reserved key. Two fields must never become one column, nor a field replace __key__."""
-    names = [layout.name for layout in layouts]
-    clash = next((n for n in names if n in _RESERVED or names.count(n) > 1), None)
-    if clash is not None:
-        raise ValueError(f"two tar members' extensions both become the field {clash!r} "
-                         f"once lowercased (or it is a reserved key); rename them in the "
-                         f"shards")
+    seen = set(_RESERVED)
+    for layout in layouts:
+        if layout.name in seen:
+            raise ValueError(f"two tar members' extensions both become the field "
+                             f"{layout.name!r} once lowercased (or it is a reserved key); "
+                             f"rename them in the shards")
+        seen.add(layout.name)
