@@ -13,12 +13,14 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/crc32c.hpp"
 #include "common/errors.hpp"
+#include "common/owner_process.hpp"
 #include "io/bulk_file.hpp"
 #include "io/engine.hpp"
 #include "io/pacing.hpp"
@@ -101,6 +103,12 @@ U64Array latency_counts(const LatencyHistogram& h) {
   return copy_to_numpy(h.counts(), LatencyHistogram::kBuckets);
 }
 
+// A SequentialReader driven from Python. Calls release the GIL, so two threads may call at once:
+// `mu_` serializes them (close() waits for a next() in progress). A chunk's view keeps this
+// object alive and close() keeps the chunk buffers, so a view read after close() still reads this
+// reader's memory. In a fork() child every call but close() raises RuntimeError (ForkedError),
+// without taking `mu_` (a thread of the parent may have held it), and nothing is torn down
+// there: see common/owner_process.hpp.
 class PyReader {
  public:
   PyReader(const std::vector<std::tuple<nb::bytes, uint64_t, uint64_t>>& extents,
@@ -125,17 +133,18 @@ class PyReader {
   }
 
   // (extent, offset, data, first, last), or None after the last chunk. `data` is a zero-copy
-  // view of the reader's buffer: valid until the next call to next() or skip_extent().
+  // view of the reader's buffer: its contents are valid until the next call to next() or
+  // skip_extent(), and its memory as long as the view lives.
   nb::object next(nb::handle self) {
     Chunk chunk;
     bool more;
     {
       nb::gil_scoped_release release;
-      more = live().next(chunk);
+      Locked reader(*this);
+      more = reader->next(chunk);
     }
     if (!more) return nb::none();
-    // A memoryview over a numpy array that keeps this reader alive: never dangling, even
-    // if a caller holds on to it (its contents change once the buffer is reused).
+    // A memoryview over a numpy array that keeps this reader (and so its buffers) alive.
     ByteView array(const_cast<uint8_t*>(chunk.data), {chunk.size}, self);
     nb::object view = nb::steal(PyMemoryView_FromObject(nb::cast(array).ptr()));
     if (!view.is_valid()) throw nb::python_error();
@@ -144,18 +153,28 @@ class PyReader {
 
   void skip_extent() {
     nb::gil_scoped_release release;
-    live().skip_extent();
+    Locked reader(*this);
+    reader->skip_extent();
   }
 
   void close() {
+    if (!owner_.here()) return;  // a fork() child: the parent's reader is not ours to close
     nb::gil_scoped_release release;
-    reader_.reset();  // waits for reads still in flight
+    std::lock_guard<std::mutex> lock(mu_);
+    reader_->close();  // waits for reads still in flight
   }
 
-  std::string engine() { return live().engine_name(); }
+  bool closed() const { return reader_->closed(); }
+
+  std::string engine() const { return reader_->engine_name(); }
 
   nb::dict stats() {
-    const ReaderStats& s = live().stats();
+    ReaderStats s;
+    {
+      nb::gil_scoped_release release;
+      Locked reader(*this, /*allow_closed=*/true);
+      s = reader->stats();
+    }
     nb::dict d;
     d["bytes_read"] = s.bytes_read;
     d["requests"] = s.requests;
@@ -170,13 +189,34 @@ class PyReader {
     return d;
   }
 
-  U64Array latency_counts() { return ::latency_counts(live().stats().latency); }
+  U64Array latency_counts() {
+    LatencyHistogram h;
+    {
+      nb::gil_scoped_release release;
+      Locked reader(*this, /*allow_closed=*/true);
+      h = reader->stats().latency;
+    }
+    return ::latency_counts(h);
+  }
 
  private:
-  SequentialReader& live() {
-    if (!reader_) throw nb::value_error("reader is closed");
-    return *reader_;
-  }
+  // The reader under `mu_`, checked for the owning process first (before locking) and for close.
+  class Locked {
+   public:
+    explicit Locked(PyReader& r, bool allow_closed = false) : r_(r) {
+      r_.owner_.check("this Reader");
+      lock_ = std::unique_lock<std::mutex>(r_.mu_);
+      if (!allow_closed && r_.reader_->closed()) throw nb::value_error("reader is closed");
+    }
+    SequentialReader* operator->() { return r_.reader_.get(); }
+
+   private:
+    PyReader& r_;
+    std::unique_lock<std::mutex> lock_;
+  };
+
+  OwnerProcess owner_;
+  std::mutex mu_;
   std::unique_ptr<SequentialReader> reader_;
 };
 
@@ -261,23 +301,31 @@ class PyBatchPacker {
 class PyScanner {
  public:
   PyScanner() : key_key_("__key__"), url_key_("__url__"), local_key_("__local_path__") {}
+  PyScanner(const PyScanner&) = delete;
+  PyScanner& operator=(const PyScanner&) = delete;
 
   void begin_shard(nb::object url, nb::object local_path, uint64_t start_offset) {
+    Busy busy(*this);
     url_ = std::move(url);
     local_path_ = std::move(local_path);
-    fed_ = nb::none();
     scanner_.begin_shard(start_offset);
+    release_fed();
   }
 
-  // Emitted samples may point into `data`, so it is kept alive until the next feed or take.
+  // Emitted samples may point into `data`: its buffer export is held (the object can be neither
+  // freed nor resized: a bytearray refuses with BufferError) until they are all taken.
   void feed(nb::handle data) {
-    BufferView view(data);
-    fed_ = nb::borrow(data);
-    nb::gil_scoped_release release;
-    scanner_.feed(view.data(), view.size());
+    Busy busy(*this);
+    auto view = std::make_unique<BufferView>(data);
+    {
+      nb::gil_scoped_release release;
+      scanner_.feed(view->data(), view->size());
+    }
+    if (!scanner_.samples().empty()) fed_.push_back(std::move(view));
   }
 
   void end_shard() {
+    Busy busy(*this);
     nb::gil_scoped_release release;
     scanner_.end_shard();
   }
@@ -287,6 +335,7 @@ class PyScanner {
   // The completed samples as webdataset-style dicts, in order; with_offsets also returns the
   // shard offset of each sample's first header (the resume position).
   nb::object take(bool with_offsets) {
+    Busy busy(*this);
     std::vector<Sample>& samples = scanner_.samples();
     nb::list out;
     nb::list offsets;
@@ -305,7 +354,7 @@ class PyScanner {
     }
     if (taken == samples.size()) {
       scanner_.clear_samples();
-      fed_ = nb::none();
+      release_fed();
     } else {
       samples.erase(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(taken));
     }
@@ -317,6 +366,7 @@ class PyScanner {
   // Shard offsets (first header, end) of the completed samples not taken yet, as two int64
   // arrays; the samples stay in the scanner for take() or pack().
   nb::tuple spans() {
+    Busy busy(*this);
     const std::vector<Sample>& samples = scanner_.samples();
     std::vector<int64_t> starts(samples.size()), ends(samples.size());
     for (size_t i = 0; i < samples.size(); ++i) {
@@ -331,6 +381,7 @@ class PyScanner {
   // index of a sample its packer has no region for (nothing taken: relocate that packer and
   // call again from there).
   int64_t pack(I64In targets, nb::list packers, size_t start) {
+    Busy busy(*this);
     std::vector<Sample>& samples = scanner_.samples();
     if (targets.shape(0) != samples.size())
       throw nb::value_error("pack: need one target per completed sample");
@@ -355,7 +406,7 @@ class PyScanner {
     }
     if (refused < 0) {
       scanner_.clear_samples();
-      fed_ = nb::none();
+      release_fed();
     }
     return refused;
   }
@@ -422,7 +473,28 @@ class PyScanner {
 
   TarScanner scanner_;
   nb::str key_key_, url_key_, local_key_;
-  nb::object url_ = nb::none(), local_path_ = nb::none(), fed_ = nb::none();
+  // Scanning runs with the GIL released, so another thread could call in meanwhile and change
+  // the samples or free a fed buffer under it: `busy_` (read and set under the GIL) refuses that.
+  class Busy {
+   public:
+    explicit Busy(PyScanner& s) : s_(s) {
+      if (s_.busy_) throw nb::value_error("another call on this Scanner is in progress");
+      s_.busy_ = true;
+    }
+    ~Busy() { s_.busy_ = false; }  // runs after the GIL is taken back
+
+   private:
+    PyScanner& s_;
+  };
+
+  // Once no sample is left, no sample points into a fed buffer.
+  void release_fed() {
+    if (scanner_.samples().empty()) fed_.clear();
+  }
+
+  nb::object url_ = nb::none(), local_path_ = nb::none();
+  std::vector<std::unique_ptr<BufferView>> fed_;  // exports of the buffers samples point into
+  bool busy_ = false;
   std::unordered_map<std::string, Extension> ext_cache_;
 };
 
@@ -667,8 +739,14 @@ void copy_ranges_py(U64Array triples, unsigned threads) {
 
 // A CowSnapshot driven from Python. The ranges are raw addresses: the caller keeps the tensors
 // and the staging buffer alive until wait() returns (flashstream.engine.cow_snapshot does).
+// A fork() child's copy has none of the snapshot's threads: there every call raises and the
+// destructor leaks it rather than join them (see common/owner_process.hpp).
 class PyCowSnapshot {
  public:
+  ~PyCowSnapshot() {
+    if (!owner_.here()) (void)snap_.release();
+  }
+
   PyCowSnapshot(const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& ranges,
                 size_t block, bool allow_user_mode_only) {
     std::vector<CopyRange> list;
@@ -682,13 +760,18 @@ class PyCowSnapshot {
   }
 
   void wait() {
+    owner_.check("this snapshot");
     nb::gil_scoped_release release;
     snap_->wait();
   }
 
-  bool done() const { return snap_->done(); }
+  bool done() const {
+    owner_.check("this snapshot");
+    return snap_->done();
+  }
 
   nb::dict stats() const {
+    owner_.check("this snapshot");
     const CowStats s = snap_->stats();
     nb::dict d;
     d["protected_bytes"] = s.protected_bytes;
@@ -704,6 +787,7 @@ class PyCowSnapshot {
   }
 
   std::vector<std::pair<uint64_t, uint64_t>> lost() const {
+    owner_.check("this snapshot");
     std::vector<std::pair<uint64_t, uint64_t>> out;
     for (const auto& [dst, len] : snap_->lost())
       out.emplace_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(dst)), len);
@@ -711,6 +795,7 @@ class PyCowSnapshot {
   }
 
  private:
+  OwnerProcess owner_;
   std::unique_ptr<CowSnapshot> snap_;
 };
 
@@ -740,6 +825,7 @@ NB_MODULE(_core, m) {
       .def("next", [](nb::handle self) { return nb::cast<PyReader&>(self).next(self); })
       .def("skip_extent", &PyReader::skip_extent)
       .def("close", &PyReader::close)
+      .def_prop_ro("closed", &PyReader::closed)
       .def_prop_ro("engine", &PyReader::engine)
       .def("stats", &PyReader::stats)
       .def("latency_counts", &PyReader::latency_counts,

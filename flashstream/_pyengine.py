@@ -96,6 +96,7 @@ class PythonReader:
         self._stats = {"bytes_read": 0, "requests": 0, "short_reads": 0, "direct_files": 0,
                        "buffered_files": 0, "wait_ns": 0}
         self._latencies: List[int] = []  # per-request ns, binned when asked for
+        self._owner = os.getpid()  # a fork() child has none of the pool's threads
         self._fill()
 
     # -- planning -------------------------------------------------------------------------
@@ -163,7 +164,15 @@ class PythonReader:
         return done
 
     # -- the reader contract ------------------------------------------------------------------
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner:
+            raise RuntimeError(
+                f"this reader was created in process {self._owner} and cannot be used in "
+                f"process {os.getpid()} (a fork() child has none of its threads): create a "
+                f"new one in this process")
+
     def next(self) -> Optional[Tuple[int, int, memoryview, bool, bool]]:
+        self._check_owner()
         self._release_held()
         self._fill()
         while self._inflight:
@@ -194,6 +203,7 @@ class PythonReader:
         return None
 
     def skip_extent(self) -> None:
+        self._check_owner()
         self._skip_below = max(self._skip_below, self._current)
 
     def _recycle(self, buffer: Optional[mmap.mmap], future: Optional[Future]) -> None:
@@ -209,6 +219,8 @@ class PythonReader:
             self._held = None
 
     def close(self) -> None:
+        if os.getpid() != self._owner:
+            return  # its reads never complete here: waiting for them would hang
         for _, buffer, future in self._inflight:
             self._recycle(buffer, future)
         self._inflight.clear()

@@ -88,6 +88,19 @@ def test_a_forked_child_does_not_remove_the_board(shards):
     assert sum(1 for _ in stream) == 160 and stream.stats()["samples"] == 160
 
 
+def test_a_pass_ending_after_its_board_is_removed_is_quiet(shards):
+    """A worker's copy of the board opens the file by path; a pass ending after the process
+    that made the stream removed it (the stream was dropped, or its finalizer ran at exit)
+    raised FileNotFoundError from the pass's close, printed as 'Exception ignored ...
+    /dev/shm/flashstream-stats-...'. Nobody can read those figures any more: they are dropped."""
+    import pickle
+
+    stream = ShardStream(shards)
+    worker_copy = pickle.loads(pickle.dumps(stream.board))
+    os.unlink(stream.board.path)
+    worker_copy.add(0, {"samples": 1}, None)
+
+
 def test_an_interrupted_pass_does_not_leak_into_the_next_report(tmp_path):
     """Persistent workers close a pass left unfinished only when the next epoch starts, after
     the monitor reset the counters: its reads must not count in the new epoch."""

@@ -16,6 +16,7 @@
 
 #include "common/aligned.hpp"
 #include "common/errors.hpp"
+#include "common/owner_process.hpp"
 #include "io/file.hpp"
 
 namespace flashstream {
@@ -73,7 +74,7 @@ struct Entry {
 
 struct SequentialReader::Impl {
   Impl(std::vector<Extent> extents, ReaderOptions options);
-  ~Impl() { drain(); }
+  ~Impl() { close(); }
 
   bool next(Chunk& out);
   void skip_extent();
@@ -97,11 +98,16 @@ struct SequentialReader::Impl {
   void drop_front(uint32_t k);
   void release_held();
   void drain() noexcept;
+  void close() noexcept;
+  void check_open() const;
 
+  OwnerProcess owner;
+  bool closed = false;
   std::vector<Extent> extents;
   ReaderOptions opts;
   size_t chunk_base = 0;
   std::unique_ptr<IoEngine> engine;
+  const char* engine_name = "";  // kept after close()
   std::vector<ExtentState> ext;
   std::vector<Slot> slots;
   std::deque<Entry> queue;  // issued requests and markers, in delivery order
@@ -117,6 +123,7 @@ SequentialReader::Impl::Impl(std::vector<Extent> e, ReaderOptions o)
   if (extents.size() > UINT32_MAX) throw std::invalid_argument("too many extents");
   chunk_base = std::clamp<size_t>(opts.chunk_size, 1, kMaxChunk);
   engine = make_engine(opts.engine, std::max(1u, opts.queue_depth));
+  engine_name = engine->name();
   ext.resize(extents.size());
   slots.resize(engine->depth() + 1);  // +1: the chunk the caller holds
   try {
@@ -423,18 +430,47 @@ void SequentialReader::Impl::drain() noexcept {
   }
 }
 
+void SequentialReader::Impl::close() noexcept {
+  if (closed) return;
+  drain();
+  engine.reset();
+  ext.clear();  // closes the files
+  queue.clear();
+  held = -1;
+  closed = true;
+}
+
+void SequentialReader::Impl::check_open() const {
+  owner.check("this reader");
+  if (closed) throw std::logic_error("the reader is closed");
+}
+
 // ---- public ----
 
 SequentialReader::SequentialReader(std::vector<Extent> extents, ReaderOptions options)
     : impl_(std::make_unique<Impl>(std::move(extents), std::move(options))) {}
 
-SequentialReader::~SequentialReader() = default;
+SequentialReader::~SequentialReader() {
+  if (!impl_->owner.here()) (void)impl_.release();  // a fork() child's copy: leak, touch nothing
+}
 
-bool SequentialReader::next(Chunk& out) { return impl_->next(out); }
+bool SequentialReader::next(Chunk& out) {
+  impl_->check_open();
+  return impl_->next(out);
+}
 
-void SequentialReader::skip_extent() { impl_->skip_extent(); }
+void SequentialReader::skip_extent() {
+  impl_->check_open();
+  impl_->skip_extent();
+}
 
-const char* SequentialReader::engine_name() const noexcept { return impl_->engine->name(); }
+void SequentialReader::close() noexcept {
+  if (impl_->owner.here()) impl_->close();
+}
+
+bool SequentialReader::closed() const noexcept { return impl_->closed; }
+
+const char* SequentialReader::engine_name() const noexcept { return impl_->engine_name; }
 
 const ReaderStats& SequentialReader::stats() const noexcept { return impl_->stats; }
 

@@ -58,9 +58,14 @@ struct ReaderStats {
 class SequentialReader {
  public:
   SequentialReader(std::vector<Extent> extents, ReaderOptions options);
-  ~SequentialReader();  // waits for (and discards) requests still in flight
+  // close()s. In a process other than the creator (a fork() child) it touches nothing and leaks
+  // the reader instead: see common/owner_process.hpp.
+  ~SequentialReader();
   SequentialReader(const SequentialReader&) = delete;
   SequentialReader& operator=(const SequentialReader&) = delete;
+
+  // Not thread-safe: one call at a time. Every call but stats() and engine_name() throws
+  // ForkedError in a process other than the creator, and std::logic_error after close().
 
   // Blocks until the next chunk in order is complete. Returns false after the last chunk.
   // Every extent yields at least one chunk (an empty file yields one chunk with size 0, first
@@ -72,6 +77,12 @@ class SequentialReader {
   // Drops the rest of the current extent (the one whose chunk was delivered last, or which
   // raised); the next call to next() returns the first chunk of the following extent.
   void skip_extent();
+
+  // Waits for (and discards) requests still in flight, then closes the files and the engine.
+  // The chunk buffers stay until destruction, so data a caller still points at stays readable
+  // (it holds the last bytes read into it). Idempotent; a no-op in another process.
+  void close() noexcept;
+  bool closed() const noexcept;
 
   const char* engine_name() const noexcept;
   const ReaderStats& stats() const noexcept;

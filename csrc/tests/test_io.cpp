@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/vfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,12 +16,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/aligned.hpp"
 #include "common/errors.hpp"
+#include "common/owner_process.hpp"
 #include "io/engine.hpp"
 #include "io/file.hpp"
 #include "io/sequential_reader.hpp"
@@ -470,6 +473,61 @@ TEST_CASE("reader: destroyed with reads in flight") {
     SequentialReader r(ex, opts(kind, 4096, 16));
     Chunk c;
     CHECK(r.next(c) && c.size == 4096);
+  }
+}
+
+// A fork() child gets a copy of the reader but not its threads, and shares its io_uring: it
+// must refuse use and tidy nothing up (a join would crash, a drain would eat the parent's
+// completions and hang it), while the parent reads on undisturbed.
+TEST_CASE("reader: a fork() child is refused and leaks; the parent reads on") {
+  Files fs;
+  const Bytes& want = fs.data.back();
+  for (const auto& kind : engines()) {
+    auto r = std::make_unique<SequentialReader>(std::vector<Extent>{{fs.paths.back()}},
+                                                opts(kind, 65536, 16));
+    Chunk c;
+    CHECK(r->next(c));
+    Bytes got(c.data, c.data + c.size);  // the next requests are now in flight
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        r->next(c);
+        code = 2;
+      } catch (const ForkedError&) {
+      }
+      r->close();
+      r.reset();
+      _exit(code);  // no atexit handlers: the leak is intended
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    while (r->next(c)) got.insert(got.end(), c.data, c.data + c.size);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("reader: close() waits, keeps the buffers, and refuses further use") {
+  Files fs;
+  for (const auto& kind : engines()) {
+    SequentialReader r({{fs.paths.back()}}, opts(kind, 65536, 16));
+    Chunk c;
+    CHECK(r.next(c));
+    const uint8_t* data = c.data;
+    const Bytes first(c.data, c.data + c.size);
+    r.close();
+    r.close();
+    CHECK(r.closed());
+    CHECK(Bytes(data, data + first.size()) == first);  // still this reader's memory
+    bool refused = false;
+    try {
+      r.next(c);
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+    CHECK(refused);
+    CHECK(std::string(r.engine_name()) == kind);
   }
 }
 

@@ -80,8 +80,13 @@ class StatsBoard:
     def add(self, slot: int, counters: Dict[str, int], latency_counts,
             generation: Optional[int] = None) -> None:
         """Add one pass's counters and latency counts into ``slot``, unless the pass started
-        in an earlier ``generation`` than the current one."""
-        table = self._array()
+        in an earlier ``generation`` than the current one, or the board is gone: the process
+        that made it dropped its stream (a worker can close a pass after that, and at exit the
+        board is removed before passes left open are closed), so nobody reads the figures."""
+        try:
+            table = self._array()
+        except FileNotFoundError:
+            return
         if generation is not None and generation != int(table[MAX_SLOTS, 0]):
             return
         row = table[slot % MAX_SLOTS]
