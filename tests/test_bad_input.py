@@ -286,6 +286,22 @@ def test_extensions_equal_once_lowercased_are_duplicates(tmp_path, ext):
         list(ShardStream(str(path)))
 
 
+@pytest.mark.parametrize("ext", ["\u212a", "__\u212aey__", "__url__"])
+def test_packed_batches_refuse_fields_equal_once_lowercased(tmp_path, ext):
+    """The tensor-batch path names columns with str.lower() too: "k" and "\u212a" must not
+    become one column, nor a member a column called __key__ or __url__."""
+    import io
+
+    path = tmp_path / "fold.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ("s0.k", "s1.k", f"s1.{ext}", "s2.k"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(ValueError, match="once lowercased|duplicate file name"):
+        list(ShardStream(str(path)).tensors(4))
+
+
 def test_samples_before_a_cut_gzip_trailer_are_delivered(tmp_path):
     import gzip
 
