@@ -28,6 +28,7 @@ from .errors import (
 )
 from .pipeline import DataPipeline, Pipeline, WebDataset, WebLoader
 from .retrieval import IndexReader, write_index
+from .shard_writer import ShardWriter, TarWriter
 from .sizes import parse_size
 from .stream import (
     ReadStats,
@@ -65,7 +66,9 @@ __all__ = [
     "SaveReport",
     "ShardFormatError",
     "SnapshotLostError",
+    "TarWriter",
     "ShardStream",
+    "ShardWriter",
     "device_of",
     "engine_name",
     "format_device",
