@@ -6,14 +6,15 @@ import argparse
 import json
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from tqdm import tqdm
 
 from . import __version__, settings
 from .engine import engine_name, uring_available
 from .stream import ShardStream
-from .stream.index import read_sidecar, scan_shards, sidecar_path, write_sidecar
+from .stream.index import read_sidecar, sidecar_path, write_sidecar
+from .stream.index_jobs import check_sidecars, default_jobs, scan_parallel
 from .stream.urls import expand_urls
 from .telemetry import device_of, format_device
 from .telemetry.probe import ProbeConfig, probe
@@ -129,8 +130,12 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    """Write each shard's sample index (SHARD.fsidx) for exact epoch plans."""
+    """Write each shard's sample index (SHARD.fsidx), or --check the ones there."""
     urls = expand_urls(args.shards)
+    settings_now = settings.resolve(engine=args.engine)
+    jobs = args.jobs or default_jobs()
+    if args.check:
+        return _check(urls, settings_now, jobs, args.json)
     todo = []
     for url in urls:
         try:
@@ -139,14 +144,12 @@ def cmd_index(args: argparse.Namespace) -> int:
             current = None
         if current is None:
             todo.append(url)
-    errors: Dict[int, BaseException] = {}
-    settings_now = settings.resolve(engine=args.engine)
     start = time.perf_counter()
-    indexes = scan_shards(todo, settings_now, lambda exn: True, errors) if todo else []
+    indexes, errors = scan_parallel(todo, settings_now, jobs=jobs)
     seconds = time.perf_counter() - start
     rows = []
     for i, (url, index) in enumerate(zip(todo, indexes)):
-        if i in errors:
+        if index is None:
             rows.append({"shard": url, "error": str(errors[i])})
             continue
         write_sidecar(url, index)
@@ -154,7 +157,8 @@ def cmd_index(args: argparse.Namespace) -> int:
                      "compression": index.compression})
     summary = {"shards": len(urls), "indexed": sum("error" not in r for r in rows),
                "up_to_date": len(urls) - len(todo), "seconds": round(seconds, 3),
-               "samples": sum(r.get("samples", 0) for r in rows), "results": rows}
+               "jobs": jobs, "samples": sum(r.get("samples", 0) for r in rows),
+               "results": rows}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -162,8 +166,23 @@ def cmd_index(args: argparse.Namespace) -> int:
             print(f"error          {row['error']}" if "error" in row else
                   f"{row['samples']:>10} samples  {row['index']}")
         print(f"indexed {summary['indexed']} of {len(urls)} shards "
-              f"({summary['up_to_date']} already up to date) in {seconds:.2f} s")
+              f"({summary['up_to_date']} already up to date) in {seconds:.2f} s, "
+              f"{jobs} at a time")
     return 1 if errors else 0
+
+
+def _check(urls: List[str], settings_now: settings.IOSettings, jobs: int, as_json: bool) -> int:
+    rows = check_sidecars(urls, settings_now, jobs=jobs)
+    bad = [r for r in rows if r["status"] != "ok"]
+    if as_json:
+        print(json.dumps({"shards": len(urls), "ok": len(urls) - len(bad), "results": rows},
+                         indent=2))
+    else:
+        for row in rows:
+            detail = f"  ({row['detail']})" if row.get("detail") else ""
+            print(f"{row['status']:8s} {row['shard']}{detail}")
+        print(f"{len(urls) - len(bad)} of {len(urls)} sidecars match their shards")
+    return 1 if bad else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,6 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     idx = sub.add_parser("index", help="write each shard's sample index (SHARD.fsidx)")
     idx.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     idx.add_argument("--force", action="store_true", help="rewrite up-to-date indexes too")
+    idx.add_argument("--check", action="store_true",
+                     help="write nothing: verify existing sidecars against their shards "
+                          "(exit 1 if any is missing, stale or differs)")
+    idx.add_argument("--jobs", type=int, default=None,
+                     help="shards scanned at once (default: min(4, CPUs))")
     idx.add_argument("--engine", choices=settings.ENGINES, default=None)
     idx.add_argument("--json", action="store_true")
     idx.set_defaults(func=cmd_index)

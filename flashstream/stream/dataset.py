@@ -127,8 +127,9 @@ class ShardStream(FluidInterface, IterableDataset):
     ``shuffle=False``: ``{"__key__", "__url__", "__local_path__", <ext>: bytes, ...}``.
     ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly (see
     docs/shardstream.md for the order and resume guarantees). ``index_info`` says where the
-    index came from: how many shards from a ``sidecar``, the ``cache`` or a ``scan``, and the
-    ``seconds`` it took.
+    index came from: how many shards from a ``sidecar``, the ``cache`` or a ``scan``, the
+    ``seconds`` it took, the ``bytes_read`` for it, and ``by_source``: per source the shards,
+    bytes read and seconds (a scan reads the shards; a sidecar or the cache, small files).
 
     Args:
         urls: a shard path, a list of paths, a glob (``"data/*.tar"``) or a brace pattern
@@ -243,9 +244,12 @@ class ShardStream(FluidInterface, IterableDataset):
             return None
         start = time.perf_counter()
         sources: Dict[str, int] = {}
+        by_source: Dict[str, Dict[str, float]] = {}
         found = load_index(self.urls, settings=self.io_settings, handler=self.handler,
-                           sources=sources)
-        self.index_info = dict(sources, seconds=time.perf_counter() - start)
+                           sources=sources, info=by_source)
+        self.index_info = dict(sources, seconds=time.perf_counter() - start,
+                               bytes_read=sum(v["bytes"] for v in by_source.values()),
+                               by_source=by_source)
         return found
 
     # -- epochs and the plan ------------------------------------------------------------------

@@ -23,6 +23,8 @@ import logging
 import os
 import sys
 import tempfile
+import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -31,7 +33,8 @@ from tqdm import tqdm
 
 from ..settings import IOSettings
 from .handlers import Handler
-from .samples import Piece, Records
+from .index_share import share_scan
+from .samples import Piece, ReadStats, Records
 from .urls import INDEX_SUFFIX, local_path
 
 __all__ = ["CACHE_ENV", "INDEX_SUFFIX", "ShardIndex", "cache_dir", "cached_path", "load_index",
@@ -200,10 +203,10 @@ def _write_json(path: str, index: ShardIndex) -> str:
 
 def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
                 errors: Optional[Dict[int, BaseException]] = None, *,
-                progress: bool = False) -> List[ShardIndex]:
+                progress: bool = False, read: Optional[ReadStats] = None) -> List[ShardIndex]:
     """Index shards by reading them once. A shard the handler skipped part of is indexed up to
     the bad spot (what reading it delivers); ``errors`` collects those errors by shard.
-    ``progress``: show a progress bar on a terminal."""
+    ``progress``: show a progress bar on a terminal. ``read`` receives what the scan read."""
     offsets: List[List[int]] = [[] for _ in urls]
     ends: List[List[int]] = [[] for _ in urls]
     stats = []
@@ -213,7 +216,7 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
             stats.append((stat.st_size, stat.st_mtime_ns))
         except OSError:
             stats.append((-1, -1))
-    records = Records([Piece(url) for url in urls], settings, handler)
+    records = Records([Piece(url) for url in urls], settings, handler, read)
     if errors is not None:
         records.errors = errors
     bar = tqdm(total=len(urls), unit="shard", desc="flashstream: indexing shards",
@@ -236,34 +239,90 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
     return out
 
 
+#: A scan reading more than this warns first, naming the ways to avoid it.
+SCAN_WARN_BYTES = 4 << 30
+
+
+def _file_size(path: Optional[str]) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
 def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
-               sources: Optional[Dict[str, int]] = None) -> List[ShardIndex]:
+               sources: Optional[Dict[str, int]] = None,
+               info: Optional[Dict[str, Dict[str, float]]] = None) -> List[ShardIndex]:
     """Every shard's index: its sidecar, else the cache, else a scan (then cached). A shard
     scanned with errors the handler skipped is indexed as read but not cached. ``sources``
-    receives how many came from each: ``sidecar``, ``cache``, ``scan``."""
+    receives how many came from each: ``sidecar``, ``cache``, ``scan``; ``info`` receives per
+    source ``{"shards", "bytes", "seconds"}``: the bytes read to index (sidecar and cache
+    files, or the shards a scan read) and the time it took."""
+    clock = time.perf_counter()
     found = [read_sidecar(url) for url in urls]
+    sidecar_bytes = sum(_file_size(sidecar_path(url)) for url, index in zip(urls, found)
+                        if index is not None)
     sidecars = sum(index is not None for index in found)
-    found = [index if index is not None else read_cached(url) for url, index in zip(urls, found)]
+    after_sidecars = time.perf_counter()
+    cached = [read_cached(url) if index is None else None for url, index in zip(urls, found)]
+    cache_bytes = sum(_file_size(str(cached_path(url))) for url, index in zip(urls, cached)
+                      if index is not None)
+    found = [index if index is not None else hit for index, hit in zip(found, cached)]
     missing = [i for i, index in enumerate(found) if index is None]
+    after_cache = time.perf_counter()
     if sources is not None:
         sources.update(sidecar=sidecars, cache=len(urls) - sidecars - len(missing),
                        scan=len(missing))
+    read = ReadStats()
+    mine: List[int] = []  # the shards this process scanned
     if missing:
         where = cache_dir()
+        planned = sum(_file_size(local_path(urls[i])) for i in missing)
+        if planned > SCAN_WARN_BYTES:
+            warnings.warn(
+                f"flashstream: indexing {len(missing)} shard(s) will read {planned / 1e9:.1f} GB "
+                f"before the first sample (each byte once, then kept in {where or 'no cache'}); "
+                f"`flashstream index SHARDS` writes sidecars once for every later run and "
+                f"machine, and flashstream.ShardWriter writes them while making the shards",
+                stacklevel=3)
         log.info("indexing %d shard(s) by reading them once (%s); `flashstream index` writes "
                  "sidecars instead", len(missing),
                  f"kept in {where}" if where else f"not kept: {CACHE_ENV}=off")
-        errors: Dict[int, BaseException] = {}
-        scanned = scan_shards([urls[i] for i in missing], settings, handler, errors,
-                              progress=True)
+        def scan_some(positions: List[int]):
+            errors: Dict[int, BaseException] = {}
+            try:
+                part = scan_shards([urls[i] for i in positions], settings, handler, errors,
+                                   progress=True, read=read)
+            except Exception as exn:  # noqa: BLE001 - raised on every rank after the exchange
+                return {}, {}, exn
+            return ({i: index.to_json() for i, index in zip(positions, part)},
+                    {positions[j]: str(exn) for j, exn in errors.items()}, None)
+
+        shared = share_scan(urls, missing, scan_some)
+        if shared is None:  # no process group: this process scans all it lacks
+            indexes, bad, raised = scan_some(missing)
+            if raised is not None:
+                raise raised
+            mine = missing
+        else:
+            indexes, bad, mine = shared
         failed: Optional[OSError] = None
-        for j, (i, index) in enumerate(zip(missing, scanned)):
-            found[i] = index
-            if j not in errors and failed is None:
+        for i in missing:
+            found[i] = ShardIndex.from_json(indexes[i], urls[i])
+        for i in mine:  # each rank caches what it scanned
+            if i not in bad and failed is None:
                 try:
-                    write_cached(urls[i], index)
+                    write_cached(urls[i], found[i])
                 except OSError as exn:
                     failed = exn  # one warning, not one per shard
         if failed is not None:
             log.warning("could not cache shard indexes in %s: %s", where, failed)
+    if info is not None:
+        info.update(
+            sidecar={"shards": sidecars, "bytes": sidecar_bytes,
+                     "seconds": after_sidecars - clock},
+            cache={"shards": len(urls) - sidecars - len(missing), "bytes": cache_bytes,
+                   "seconds": after_cache - after_sidecars},
+            scan={"shards": len(mine), "bytes": read.bytes_read,
+                  "seconds": time.perf_counter() - after_cache})
     return found  # type: ignore[return-value]

@@ -47,6 +47,10 @@ class EpochReport:
     probe_best_read: Optional[ProbePoint] = None
     probe_same_shape: Optional[ProbePoint] = None
     errors: int = 0
+    #: What building the stream's index cost, per source (``sidecar``, ``cache``, ``scan``):
+    #: ``{"shards", "bytes", "seconds"}`` (the stream's ``index_info["by_source"]``); a start-up
+    #: cost, not part of the epoch's figures.
+    indexing: Optional[Dict[str, Dict[str, float]]] = None
 
     @property
     def gbps(self) -> float:
@@ -83,6 +87,7 @@ class EpochReport:
             "request_latency_us": self.request_latency.summary("us"),
             "batch_wait_ms": self.batch_wait.summary("ms"), "wait_share": self.wait_share,
             "device": self.device, "disk": self.disk.to_dict() if self.disk else None,
+            "indexing": self.indexing,
             "probe": {
                 "best_read_gbps": self.probe_best_read.gbps if self.probe_best_read else None,
                 "same_shape_p95_us": (self.probe_same_shape.latency_us.get("p95")
@@ -103,6 +108,11 @@ class EpochReport:
             ("request latency", _percentiles(lat, "us")),
             ("batch wait", _percentiles(wait, "ms") + f"; {self.wait_share:.0%} of the epoch"),
         ]
+        if self.indexing:
+            used = [(name, v) for name, v in self.indexing.items() if v.get("shards")]
+            rows.append(("index", "; ".join(
+                f"{v['shards']:g} shard(s) from {name}: {format_size(int(v['bytes']))} read in "
+                f"{v['seconds']:.2f} s" for name, v in used) or "none"))
         if self.disk is not None:
             util = self.disk.utilization
             rows.append(("device", f"{self.device}: read {self.disk.read_gbps:.3f} GB/s, write "
@@ -225,7 +235,8 @@ class EpochMonitor:
             direct=totals["buffered_files"] == 0 and totals["direct_files"] > 0,
             chunk_size=io.chunk_size, queue_depth=io.queue_depth,
             request_latency=totals["latency"], batch_wait=self.batch_wait,
-            device=self.device, disk=self._disk, errors=int(totals["errors"]))
+            device=self.device, disk=self._disk, errors=int(totals["errors"]),
+            indexing=getattr(self.stream, "index_info", {}).get("by_source"))
         if self.probe is not None:
             report.probe_best_read = self.probe.best("read")
             report.probe_same_shape = self.probe.nearest("read", io.chunk_size, io.queue_depth)
