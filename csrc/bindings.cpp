@@ -103,6 +103,24 @@ U64Array latency_counts(const LatencyHistogram& h) {
   return copy_to_numpy(h.counts(), LatencyHistogram::kBuckets);
 }
 
+// Refuses a second call on an object while one is in progress. Such calls release the GIL, so
+// another thread could call in meanwhile; `flag` is read and set under the GIL, and cleared by
+// the destructor, which runs after the GIL is taken back.
+class OneCallAtATime {
+ public:
+  OneCallAtATime(bool& flag, const char* what) : flag_(flag) {
+    if (flag_) throw nb::value_error((std::string("another call on this ") + what +
+                                      " is in progress").c_str());
+    flag_ = true;
+  }
+  ~OneCallAtATime() { flag_ = false; }
+  OneCallAtATime(const OneCallAtATime&) = delete;
+  OneCallAtATime& operator=(const OneCallAtATime&) = delete;
+
+ private:
+  bool& flag_;
+};
+
 // A SequentialReader driven from Python. Calls release the GIL, so two threads may call at once:
 // `mu_` serializes them (close() waits for a next() in progress). A chunk's view keeps this
 // object alive and close() keeps the chunk buffers, so a view read after close() still reads this
@@ -305,7 +323,7 @@ class PyScanner {
   PyScanner& operator=(const PyScanner&) = delete;
 
   void begin_shard(nb::object url, nb::object local_path, uint64_t start_offset) {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "Scanner");
     url_ = std::move(url);
     local_path_ = std::move(local_path);
     scanner_.begin_shard(start_offset);
@@ -315,7 +333,7 @@ class PyScanner {
   // Emitted samples may point into `data`: its buffer export is held (the object can be neither
   // freed nor resized: a bytearray refuses with BufferError) until they are all taken.
   void feed(nb::handle data) {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "Scanner");
     auto view = std::make_unique<BufferView>(data);
     {
       nb::gil_scoped_release release;
@@ -325,7 +343,7 @@ class PyScanner {
   }
 
   void end_shard() {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "Scanner");
     nb::gil_scoped_release release;
     scanner_.end_shard();
   }
@@ -335,7 +353,7 @@ class PyScanner {
   // The completed samples as webdataset-style dicts, in order; with_offsets also returns the
   // shard offset of each sample's first header (the resume position).
   nb::object take(bool with_offsets) {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "Scanner");
     std::vector<Sample>& samples = scanner_.samples();
     nb::list out;
     nb::list offsets;
@@ -366,7 +384,7 @@ class PyScanner {
   // Shard offsets (first header, end) of the completed samples not taken yet, as two int64
   // arrays; the samples stay in the scanner for take() or pack().
   nb::tuple spans() {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "Scanner");
     const std::vector<Sample>& samples = scanner_.samples();
     std::vector<int64_t> starts(samples.size()), ends(samples.size());
     for (size_t i = 0; i < samples.size(); ++i) {
@@ -381,7 +399,7 @@ class PyScanner {
   // index of a sample its packer has no region for (nothing taken: relocate that packer and
   // call again from there).
   int64_t pack(I64In targets, nb::list packers, size_t start) {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "Scanner");
     std::vector<Sample>& samples = scanner_.samples();
     if (targets.shape(0) != samples.size())
       throw nb::value_error("pack: need one target per completed sample");
@@ -473,20 +491,6 @@ class PyScanner {
 
   TarScanner scanner_;
   nb::str key_key_, url_key_, local_key_;
-  // Scanning runs with the GIL released, so another thread could call in meanwhile and change
-  // the samples or free a fed buffer under it: `busy_` (read and set under the GIL) refuses that.
-  class Busy {
-   public:
-    explicit Busy(PyScanner& s) : s_(s) {
-      if (s_.busy_) throw nb::value_error("another call on this Scanner is in progress");
-      s_.busy_ = true;
-    }
-    ~Busy() { s_.busy_ = false; }  // runs after the GIL is taken back
-
-   private:
-    PyScanner& s_;
-  };
-
   // Once no sample is left, no sample points into a fed buffer.
   void release_fed() {
     if (scanner_.samples().empty()) fed_.clear();
@@ -494,7 +498,7 @@ class PyScanner {
 
   nb::object url_ = nb::none(), local_path_ = nb::none();
   std::vector<std::unique_ptr<BufferView>> fed_;  // exports of the buffers samples point into
-  bool busy_ = false;
+  bool busy_ = false;  // scanning could change the samples or free a fed buffer under a call
   std::unordered_map<std::string, Extension> ext_cache_;
 };
 
@@ -609,7 +613,7 @@ void put_latency(nb::dict& d, const BulkStats& s) {
 }
 
 // An OutputFile driven from Python. write() runs with the GIL released, so another thread
-// could call close() meanwhile: `busy_` (read and set under the GIL) refuses that.
+// could call close() meanwhile: `busy_` (OneCallAtATime) refuses that.
 class PyOutputFile {
  public:
   PyOutputFile(nb::bytes path, uint64_t size, bool direct) {
@@ -640,9 +644,9 @@ class PyOutputFile {
     std::vector<uint32_t> crcs;
     BulkStats s;
     {
-      Busy busy(*this);
+      OneCallAtATime busy(busy_, "OutputFile");
       nb::gil_scoped_release release;
-      s = busy.file().write(view.data(), view.size(), offset, o, bounds, &crcs);
+      s = file_->write(view.data(), view.size(), offset, o, bounds, &crcs);
     }
     nb::list timeline;
     for (const RatePoint& p : s.timeline)
@@ -662,9 +666,9 @@ class PyOutputFile {
   }
 
   double commit(uint64_t size) {
-    Busy busy(*this);
+    OneCallAtATime busy(busy_, "OutputFile");
     nb::gil_scoped_release release;
-    return busy.file().commit(size);
+    return file_->commit(size);
   }
 
   void close() {
@@ -679,19 +683,6 @@ class PyOutputFile {
   nb::bytes path() const { return nb::bytes(file_->path().data(), file_->path().size()); }
 
  private:
-  class Busy {
-   public:
-    explicit Busy(PyOutputFile& f) : f_(f) {
-      if (f_.busy_) throw nb::value_error("another call on this OutputFile is in progress");
-      f_.busy_ = true;
-    }
-    ~Busy() { f_.busy_ = false; }  // runs after the GIL is taken back
-    OutputFile& file() { return *f_.file_; }
-
-   private:
-    PyOutputFile& f_;
-  };
-
   std::unique_ptr<OutputFile> file_;
   bool busy_ = false;
 };

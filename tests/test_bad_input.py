@@ -263,12 +263,9 @@ def test_many_members_under_one_key_are_checked_for_duplicates_in_linear_time(tm
             list(ShardStream(str(bad), index=False))
 
 
-@pytest.mark.parametrize("ext", ["\u212a", "__\u212aey__", "__local_path__"])
-def test_extensions_equal_once_lowercased_are_duplicates(tmp_path, ext):
-    """The scanner compared ASCII-lowercased extensions, the sample dict str.lower()ed ones:
-    "s1.k" and "s1.\u212a" (KELVIN SIGN) became one field (a payload lost without a word),
-    and "s1.__\u212aey__" replaced the sample's __key__. One rule now, and no member sets
-    __key__, __url__ or __local_path__; the samples before it are delivered."""
+def _folding_tar(tmp_path, ext: str):
+    """Samples s0, s1 and s2 with one field "k"; s1 has a second member with extension
+    ``ext``, which str.lower() may fold into "k" or into a reserved key."""
     import io
 
     path = tmp_path / "fold.tar"
@@ -277,6 +274,16 @@ def test_extensions_equal_once_lowercased_are_duplicates(tmp_path, ext):
             info = tarfile.TarInfo(name)
             info.size = 1
             tar.addfile(info, io.BytesIO(b"x"))
+    return path
+
+
+@pytest.mark.parametrize("ext", ["\u212a", "__\u212aey__", "__local_path__"])
+def test_extensions_equal_once_lowercased_are_duplicates(tmp_path, ext):
+    """The scanner compared ASCII-lowercased extensions, the sample dict str.lower()ed ones:
+    "s1.k" and "s1.\u212a" (KELVIN SIGN) became one field (a payload lost without a word),
+    and "s1.__\u212aey__" replaced the sample's __key__. One rule now, and no member sets
+    __key__, __url__ or __local_path__; the samples before it are delivered."""
+    path = _folding_tar(tmp_path, ext)
     seen = []
     with pytest.raises(ShardFormatError, match="duplicate file name") as info:
         for sample in ShardStream(str(path), index=False):
@@ -290,14 +297,7 @@ def test_extensions_equal_once_lowercased_are_duplicates(tmp_path, ext):
 def test_packed_batches_refuse_fields_equal_once_lowercased(tmp_path, ext):
     """The tensor-batch path names columns with str.lower() too: "k" and "\u212a" must not
     become one column, nor a member a column called __key__ or __url__."""
-    import io
-
-    path = tmp_path / "fold.tar"
-    with tarfile.open(path, "w") as tar:
-        for name in ("s0.k", "s1.k", f"s1.{ext}", "s2.k"):
-            info = tarfile.TarInfo(name)
-            info.size = 1
-            tar.addfile(info, io.BytesIO(b"x"))
+    path = _folding_tar(tmp_path, ext)
     with pytest.raises(ValueError, match="once lowercased|duplicate file name"):
         list(ShardStream(str(path)).tensors(4))
 

@@ -64,15 +64,20 @@ READ_VIEWS_AFTER_CLOSE = """
 """
 
 
-@pytest.mark.parametrize("kind", ["uring", "threads"])
-def test_views_stay_readable_after_close(data_file, kind):
-    """Before: close() freed the chunk buffers, and a view read afterwards hit freed memory."""
+def assert_child_ok(script: str, data_file, kind: str) -> None:
+    """Runs ``script`` on ``data_file`` with the C++ engine ``kind``; it must print "ok"."""
     import flashstream
 
     if kind == "uring" and not flashstream.uring_available():
         pytest.skip("io_uring is not available in this process")
-    done = run_child(READ_VIEWS_AFTER_CLOSE, str(data_file), kind)
+    done = run_child(script, str(data_file), kind)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("kind", ["uring", "threads"])
+def test_views_stay_readable_after_close(data_file, kind):
+    """Before: close() freed the chunk buffers, and a view read afterwards hit freed memory."""
+    assert_child_ok(READ_VIEWS_AFTER_CLOSE, data_file, kind)
 
 
 def test_closed_reader_refuses_use(data_file, engine):
@@ -120,12 +125,7 @@ NEXT_AGAINST_CLOSE = """
 @pytest.mark.parametrize("kind", ["uring", "threads"])
 def test_close_while_another_thread_reads(data_file, kind):
     """Before: close() freed the reader while next() ran on another thread without the GIL."""
-    import flashstream
-
-    if kind == "uring" and not flashstream.uring_available():
-        pytest.skip("io_uring is not available in this process")
-    done = run_child(NEXT_AGAINST_CLOSE, str(data_file), kind)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert_child_ok(NEXT_AGAINST_CLOSE, data_file, kind)
 
 
 def _member(name: str, payload: bytes) -> bytes:

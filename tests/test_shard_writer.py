@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import webdataset as wds
+from shardgen import make_samples
 
 import flashstream
 from flashstream import ShardStream, settings
@@ -18,12 +19,10 @@ from flashstream.stream import index as index_module
 from flashstream.stream.index import read_sidecar, scan_shards, sidecar_path
 
 
-def samples(n, *, keys=None):
-    rng = np.random.default_rng(0)
-    keys = keys or [f"s{i:05d}" for i in range(n)]
-    return [{"__key__": key, "cls": str(i % 7).encode(),
-             "bin": rng.integers(0, 256, 100 + 997 * (i % 5), dtype=np.uint8).tobytes()}
-            for i, key in enumerate(keys)]
+def samples(n):
+    """webdataset-style dicts of shardgen's samples (a short label, payloads of three sizes)."""
+    return [{"__key__": key, **fields}
+            for key, fields in make_samples(n, sizes=[100, 1097, 4085])]
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -105,13 +105,18 @@ def sidecar_path(url: str) -> str:
 def read_sidecar(url: str) -> Optional[ShardIndex]:
     """The shard's sidecar index, None when it has none (or the shard cannot be stat'ed).
     Raises ``ValueError`` for a malformed or stale sidecar."""
+    return _read_sidecar(url)[0]
+
+
+def _read_sidecar(url: str) -> Tuple[Optional[ShardIndex], int]:
+    """``read_sidecar`` and the bytes it read."""
     path = sidecar_path(url)
     try:
         with open(path, "rb") as f:
             raw = f.read()
         stat = os.stat(local_path(url))
     except FileNotFoundError:
-        return None
+        return None, 0
     try:
         data = json.loads(raw)
     except ValueError as exn:
@@ -123,7 +128,7 @@ def read_sidecar(url: str) -> Optional[ShardIndex]:
                          f"{index.mtime_ns} ns, but {url} has {stat.st_size} bytes modified at "
                          f"{stat.st_mtime_ns} ns; rerun `flashstream index` on it (or delete the "
                          f"sidecar)")
-    return index
+    return index, len(raw)
 
 
 def write_sidecar(url: str, index: ShardIndex) -> str:
@@ -164,17 +169,23 @@ def cached_path(url: str) -> Optional[Path]:
 
 def read_cached(url: str) -> Optional[ShardIndex]:
     """The shard's cached index, None when there is none (an unreadable entry is ignored)."""
+    return _read_cached(url)[0]
+
+
+def _read_cached(url: str) -> Tuple[Optional[ShardIndex], int]:
+    """``read_cached`` and the bytes it read."""
     path = cached_path(url)
     if path is None:
-        return None
+        return None, 0
     try:
-        index = ShardIndex.from_json(json.loads(path.read_bytes()), str(path))
+        raw = path.read_bytes()
+        index = ShardIndex.from_json(json.loads(raw), str(path))
         stat = os.stat(local_path(url))
     except Exception:  # noqa: BLE001 - any broken entry only costs a scan
-        return None
+        return None, 0
     if (index.shard_bytes, index.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-        return None
-    return index
+        return None, len(raw)
+    return index, len(raw)
 
 
 def write_cached(url: str, index: ShardIndex) -> Optional[Path]:
@@ -243,11 +254,21 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
 SCAN_WARN_BYTES = 4 << 30
 
 
-def _file_size(path: Optional[str]) -> int:
+def _file_size(path: str) -> int:
     try:
-        return os.path.getsize(path) if path else 0
+        return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _each(read, urls: Sequence[str], found: List[Optional[ShardIndex]]):
+    """``found`` with each gap filled by ``read(url)``, and the bytes those reads took."""
+    out, total = list(found), 0
+    for i, url in enumerate(urls):
+        if out[i] is None:
+            out[i], nbytes = read(url)
+            total += nbytes
+    return out, total
 
 
 def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
@@ -259,15 +280,10 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
     source ``{"shards", "bytes", "seconds"}``: the bytes read to index (sidecar and cache
     files, or the shards a scan read) and the time it took."""
     clock = time.perf_counter()
-    found = [read_sidecar(url) for url in urls]
-    sidecar_bytes = sum(_file_size(sidecar_path(url)) for url, index in zip(urls, found)
-                        if index is not None)
+    found, sidecar_bytes = _each(_read_sidecar, urls, [None] * len(urls))
     sidecars = sum(index is not None for index in found)
     after_sidecars = time.perf_counter()
-    cached = [read_cached(url) if index is None else None for url, index in zip(urls, found)]
-    cache_bytes = sum(_file_size(str(cached_path(url))) for url, index in zip(urls, cached)
-                      if index is not None)
-    found = [index if index is not None else hit for index, hit in zip(found, cached)]
+    found, cache_bytes = _each(_read_cached, urls, found)
     missing = [i for i, index in enumerate(found) if index is None]
     after_cache = time.perf_counter()
     if sources is not None:
