@@ -28,6 +28,7 @@
 #include "probe/probe.hpp"
 #include "snapshot/copy_ranges.hpp"
 #include "snapshot/cow_snapshot.hpp"
+#include "index/shard_indexer.hpp"
 #include "tar/batch_packer.hpp"
 #include "tar/tar_scanner.hpp"
 #include "telemetry/histogram.hpp"
@@ -41,7 +42,8 @@ namespace {
 PyObject* g_format_error = nullptr;  // flashstream._core.FormatError (a ValueError)
 
 // OSError(errno, strerror, filename) picks the subclass (FileNotFoundError, ...) from errno.
-void raise_os_error(const IoError& e) {
+// Returns a new reference, or null with a Python error set.
+PyObject* make_os_error(const IoError& e) {
   std::string text = std::strerror(e.error_code());
   text += " (" + e.op();
   if (e.offset() >= 0) text += " at offset " + std::to_string(e.offset());
@@ -50,9 +52,13 @@ void raise_os_error(const IoError& e) {
   // that is not valid UTF-8 still round-trips into the exception.
   nb::object filename = nb::steal(PyUnicode_DecodeFSDefaultAndSize(
       e.path().data(), static_cast<Py_ssize_t>(e.path().size())));
-  if (!filename.is_valid()) return;
-  PyObject* exc = PyObject_CallFunction(PyExc_OSError, "isO", e.error_code(), text.c_str(),
-                                        filename.ptr());
+  if (!filename.is_valid()) return nullptr;
+  return PyObject_CallFunction(PyExc_OSError, "isO", e.error_code(), text.c_str(),
+                               filename.ptr());
+}
+
+void raise_os_error(const IoError& e) {
+  PyObject* exc = make_os_error(e);
   if (exc == nullptr) return;  // the call already set an error
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
   Py_DECREF(exc);
@@ -524,6 +530,68 @@ U64Array histogram_bounds() {
   return copy_to_numpy(bounds.data(), bounds.size());
 }
 
+// The exception a shard's indexing ended with, as the Python exception the reader would raise
+// (OSError subclass, FormatError, or RuntimeError for anything else).
+nb::object exception_object(const std::exception_ptr& error) {
+  PyObject* exc = nullptr;
+  try {
+    std::rethrow_exception(error);
+  } catch (const IoError& e) {
+    exc = make_os_error(e);
+  } catch (const FormatError& e) {
+    nb::object args = nb::make_tuple(nb::str(e.what()), e.offset());
+    exc = PyObject_CallObject(g_format_error, args.ptr());
+  } catch (const std::exception& e) {
+    exc = PyObject_CallFunction(PyExc_RuntimeError, "s", e.what());
+  }
+  if (exc == nullptr) throw nb::python_error();
+  return nb::steal(exc);
+}
+
+const char* outcome_name(ShardOutcome outcome) {
+  switch (outcome) {
+    case ShardOutcome::kIndexed: return "indexed";
+    case ShardOutcome::kFailed: return "failed";
+    case ShardOutcome::kCompressed: return "compressed";
+    case ShardOutcome::kNeedsFullScan: return "full_scan";
+  }
+  return "?";
+}
+
+nb::tuple index_shards_py(const std::vector<nb::bytes>& paths, const std::string& engine,
+                          unsigned queue_depth, bool direct, size_t chunk_size, size_t hop_read,
+                          uint64_t hop_threshold, unsigned decide_after) {
+  std::vector<std::string> list;
+  for (const nb::bytes& p : paths) list.emplace_back(p.c_str(), p.size());
+  IndexOptions options;
+  options.engine = engine;
+  options.queue_depth = queue_depth;
+  options.direct = direct;
+  options.chunk_size = chunk_size;
+  options.hop_read = hop_read;
+  options.hop_threshold = hop_threshold;
+  options.decide_after = decide_after;
+  IndexStats stats;
+  std::vector<ShardIndexResult> results;
+  {
+    nb::gil_scoped_release release;
+    results = index_shards(list, options, &stats);
+  }
+  nb::list out;
+  for (const ShardIndexResult& r : results) {
+    nb::object error = r.error ? exception_object(r.error) : nb::none();
+    out.append(nb::make_tuple(outcome_name(r.outcome), copy_i64(r.offsets), copy_i64(r.ends),
+                              error, r.sequential, r.hops, r.bytes_read));
+  }
+  nb::dict d;
+  d["bytes_read"] = stats.bytes_read;
+  d["requests"] = stats.requests;
+  d["hopped_shards"] = stats.hopped_shards;
+  d["sequential_shards"] = stats.sequential_shards;
+  d["engine"] = stats.engine;
+  return nb::make_tuple(out, d);
+}
+
 nb::dict run_probe_py(const std::string& path, const std::string& op, const std::string& pattern,
                       size_t block_size, unsigned queue_depth, uint64_t bytes, double duration,
                       const std::string& engine, bool direct, uint64_t seed, double interval) {
@@ -832,6 +900,14 @@ NB_MODULE(_core, m) {
         "Measure the device like fio: queue_depth requests of block_size in flight on an "
         "existing file. Returns a dict (bytes, seconds, sync_seconds, requests, direct, engine, "
         "counts, min_ns, max_ns, sum_ns, timeline).");
+  m.def("index_shards", &index_shards_py, nb::arg("paths"), nb::arg("engine") = "auto",
+        nb::arg("queue_depth") = 32u, nb::arg("direct") = true,
+        nb::arg("chunk_size") = size_t(1) << 20, nb::arg("hop_read") = size_t(4096),
+        nb::arg("hop_threshold") = uint64_t(64) << 10, nb::arg("decide_after") = 8u,
+        "Index tar shards (paths as bytes) by hopping from header to header, or reading "
+        "sequentially where members are small. Returns ([(outcome, offsets, ends, error, "
+        "sequential, hops, bytes_read), ...], stats dict); outcome is indexed, failed, "
+        "compressed or full_scan (left to the caller).");
   m.def("create_probe_file", &create_probe_file_py, nb::arg("path"), nb::arg("size"),
         "Create or resize a preallocated file of random data for run_probe.");
 

@@ -35,6 +35,7 @@ __all__ = [
     "cow_mode",
     "cow_snapshot",
     "histogram_bounds",
+    "index_shards",
     "is_meta_name",
     "open_output",
     "open_reader",
@@ -235,6 +236,25 @@ def open_reader(extents: Sequence[Extent], settings: IOSettings) -> ChunkReader:
     encoded = [(os.fsencode(p), s, e) for p, s, e in extent_list]
     return _core.Reader(encoded, settings.chunk_size, settings.queue_depth, settings.engine,
                         settings.direct)
+
+
+#: One shard's indexing by :func:`index_shards`: ``(outcome, offsets, ends, error, sequential,
+#: hops, bytes_read)``; outcome ``indexed``, ``failed`` (error holds the exception: OSError or
+#: FormatError), ``compressed`` or ``full_scan`` (both left to the reader's own pass).
+ShardIndexing = Tuple[str, Any, Any, Optional[BaseException], bool, int, int]
+
+
+def index_shards(paths: Sequence[str], settings: IOSettings, hop_threshold: int,
+                 hop_read: int = 4096) -> Tuple[List[ShardIndexing], Dict[str, Any]]:
+    """Index tar shards in C++ without building samples: hop from header to header, or read
+    a shard sequentially once it advanced fewer than ``hop_threshold`` bytes per hop (0: always
+    hop; 2**64 - 1: never). The GIL is released throughout. Returns one result per path and
+    the run's figures (bytes_read, requests, hopped_shards, sequential_shards, engine)."""
+    if settings.engine == "python":
+        raise ValueError("index_shards needs a C++ engine: auto, uring or threads")
+    return _core.index_shards([os.fsencode(p) for p in paths], settings.engine,
+                              settings.queue_depth, settings.direct, settings.chunk_size,
+                              hop_read, hop_threshold)
 
 
 def copy_ranges(triples: Any, threads: int = 1) -> None:

@@ -126,3 +126,46 @@ def test_any_broken_cache_entry_only_costs_a_scan(tmp_path, cache, scans, entry)
     ShardStream(shards)
     cached_path(shards[0]).write_text(entry)
     assert len(ShardStream(shards)) == 3 and len(scans) == 2
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_processes_on_one_node_never_scan_a_shard_twice(tmp_path, cache, ranks):
+    """Two processes without a process group (with or without RANK/WORLD_SIZE) start together
+    on the same shards: through the per-shard locks of the index cache, every shard is
+    scanned by exactly one of them, and both end with the same index."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import child_env
+    from shardgen import write_shards
+
+    shards = [str(p) for p in write_shards(tmp_path / "d", 12, 10, sizes=[3000, 90_000])]
+    go = tmp_path / "go"
+    script = Path(__file__).with_name("index_lock_child.py")
+    procs = []
+    for rank in range(2):
+        env = dict(child_env(), SCAN_DELAY="0.1")
+        if ranks:
+            env.update(RANK=str(rank), WORLD_SIZE=str(ranks))
+        procs.append(subprocess.Popen([sys.executable, str(script), str(go), *shards],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env))
+    go.touch()
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    first, second = (set(r["scanned"]) for r in results)
+    assert not first & second, "a shard was scanned twice"
+    assert first | second == set(shards)
+    if ranks:  # each rank took its share first
+        assert first == set(shards[0::2]) and second == set(shards[1::2])
+    assert results[0]["index"] == results[1]["index"]
+    assert results[0]["samples"] == results[1]["samples"] == 120
+    for r in results:  # what one did not scan it read from the cache the other wrote
+        info = r["info"]
+        assert info["scan"]["shards"] == len(r["scanned"])
+        assert info["scan"]["shards"] + info["cache"]["shards"] == 12
+    assert not list(cache.glob("*.lock"))  # each lock went with its cache entry

@@ -6,12 +6,20 @@
 // after that (a sample that outlives its memory) or a read past a piece's end is caught.
 // FormatError is the scanner's answer to a malformed archive and ends the run; any other
 // exception, a crash or a broken invariant is a finding.
+//
+// The same bytes then go through index-only mode the way the shard indexer hops: feed from
+// the position the scanner needs up to the next 4 KiB boundary, skip whatever it need not see.
+// Its samples' offsets and its error (message and offset) must equal the full mode's.
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "fuzz/pieces.hpp"
@@ -40,22 +48,66 @@ void consume(TarScanner& scanner, uint64_t consumed, uint64_t* last_offset) {
   scanner.clear_samples();
 }
 
+struct Outcome {
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // (offset, end) of each sample
+  std::string error;                                 // what() and offset, or empty
+};
+
+void take_spans(TarScanner& scanner, Outcome* out) {
+  for (const Sample& s : scanner.samples()) out->spans.emplace_back(s.offset, s.end_offset);
+  scanner.clear_samples();
+}
+
+// Index-only mode over `data`, hopping as csrc/index/shard_indexer.cpp does.
+Outcome hop(const uint8_t* data, size_t size) {
+  constexpr uint64_t kWindow = 4096;
+  TarScanner scanner;
+  scanner.set_index_only(true);
+  scanner.begin_shard(0);
+  Outcome out;
+  try {
+    while (true) {
+      const uint64_t pos = scanner.position();
+      if (scanner.at_end()) break;
+      const uint64_t skip = std::min<uint64_t>(scanner.skippable(), size - std::min<uint64_t>(pos, size));
+      if (skip > 0) {
+        scanner.skip(skip);
+      } else if (pos >= size) {
+        break;
+      } else {
+        const uint64_t end = std::min<uint64_t>((pos / kWindow + 1) * kWindow, size);
+        scanner.feed(data + pos, end - pos);
+      }
+      take_spans(scanner, &out);
+    }
+    scanner.end_shard();
+    take_spans(scanner, &out);
+  } catch (const FormatError& e) {
+    take_spans(scanner, &out);
+    out.error = std::string(e.what()) + " @" + std::to_string(e.offset());
+  }
+  return out;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TarScanner scanner;
   scanner.begin_shard(0);
   uint64_t fed = 0, last_offset = 0;
+  Outcome full;
   try {
     for (const fuzz::Piece& p : fuzz::split(data, size)) {
       std::unique_ptr<uint8_t[]> piece(new uint8_t[p.size ? p.size : 1]);
       std::memcpy(piece.get(), data + p.offset, p.size);
       fed += p.size;
       scanner.feed(piece.get(), p.size);
+      for (const Sample& s : scanner.samples()) full.spans.emplace_back(s.offset, s.end_offset);
       consume(scanner, fed, &last_offset);
       piece.reset();  // no sample may point here any more
     }
     scanner.end_shard();
+    for (const Sample& s : scanner.samples()) full.spans.emplace_back(s.offset, s.end_offset);
     consume(scanner, fed, &last_offset);
   } catch (const FormatError& e) {
     if (e.offset() > fed + 512)
@@ -63,6 +115,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    static_cast<unsigned long long>(e.offset()),
                    static_cast<unsigned long long>(fed), e.what());
     fuzz::require(e.offset() <= fed + 512, "a FormatError offset past the input");
+    // Samples completed before the error are delivered (the reader's salvage).
+    for (const Sample& s : scanner.samples()) full.spans.emplace_back(s.offset, s.end_offset);
+    full.error = std::string(e.what()) + " @" + std::to_string(e.offset());
   }
+  const Outcome hopped = hop(data, size);
+  if (hopped.error != full.error)
+    std::fprintf(stderr, "full: %s\nhop:  %s\n", full.error.c_str(), hopped.error.c_str());
+  fuzz::require(hopped.error == full.error, "index-only hopping fails differently");
+  fuzz::require(hopped.spans == full.spans, "index-only hopping finds other samples");
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <unordered_set>
 
 #include "common/errors.hpp"
@@ -115,6 +116,7 @@ struct TarScanner::State {
   ScanStats* stats = nullptr;
 
   Phase phase = Phase::kHeader;
+  bool index_only = false;  // member data is counted, never referenced (see set_index_only)
   bool saw_end_block = false;
   bool fed = false;
   uint64_t pos = 0;  // shard offset of the next byte
@@ -149,6 +151,8 @@ struct TarScanner::State {
   void begin(uint64_t start_offset);
   void feed(const uint8_t* p, size_t n);
   void end();
+  uint64_t skippable() const noexcept;
+  void skip(uint64_t n);
 
  private:
   const uint8_t* take_header(const uint8_t* p, const uint8_t* end);
@@ -196,6 +200,30 @@ void TarScanner::State::feed(const uint8_t* p, size_t n) {
     }
   }
   own_open_fields();  // the caller reuses the piece's memory after we return
+}
+
+uint64_t TarScanner::State::skippable() const noexcept {
+  switch (phase) {
+    case Phase::kData: return index_only ? size - got : 0;
+    case Phase::kSkip: return skip_end - pos;
+    case Phase::kEnd: return UINT64_MAX;
+    default: return 0;
+  }
+}
+
+void TarScanner::State::skip(uint64_t n) {
+  if (n > skippable()) throw std::logic_error("TarScanner::skip past the bytes it may skip");
+  stats->bytes += n;
+  if (phase == Phase::kEnd) {
+    pos += n;
+  } else if (phase == Phase::kData) {
+    got += n;
+    pos += n;
+    if (got == size) finish_member(nullptr, nullptr);
+  } else if (n > 0) {
+    pos += n;
+    if (pos == skip_end) phase = Phase::kHeader;
+  }
 }
 
 void TarScanner::State::end() {
@@ -253,6 +281,13 @@ const uint8_t* TarScanner::State::take_ext_data(const uint8_t* p, const uint8_t*
 const uint8_t* TarScanner::State::take_data(const uint8_t* p, const uint8_t* end) {
   const uint64_t need = size - got;
   const size_t avail = end - p;
+  if (index_only) {
+    const size_t take = std::min<uint64_t>(need, avail);
+    got += take;
+    pos += take;
+    if (got == size) finish_member(nullptr, nullptr);
+    return p + take;
+  }
   if (got == 0 && avail >= need) {  // wholly inside this piece: reference it in place
     pos += need;
     got = size;
@@ -470,6 +505,7 @@ void TarScanner::State::emit_open() {
 }
 
 void TarScanner::State::own_open_fields() {
+  if (index_only) return;  // no field points at data
   for (Field& f : open.fields) {
     if (f.owned || f.size == 0) continue;
     f.owned = std::make_shared<std::vector<uint8_t>>(f.data, f.data + f.size);
@@ -497,5 +533,17 @@ void TarScanner::end_shard() {
 }
 
 bool TarScanner::at_end() const noexcept { return state_->saw_end_block; }
+
+void TarScanner::set_index_only(bool on) noexcept { state_->index_only = on; }
+
+uint64_t TarScanner::skippable() const noexcept { return state_->skippable(); }
+
+void TarScanner::skip(uint64_t n) {
+  state_->samples = &samples_;
+  state_->stats = &stats_;
+  state_->skip(n);
+}
+
+uint64_t TarScanner::position() const noexcept { return state_->pos; }
 
 }  // namespace flashstream

@@ -24,7 +24,7 @@ namespace flashstream {
 
 struct Field {
   std::string ext;  // extension after the key's first dot, ASCII-lowercased
-  const uint8_t* data = nullptr;
+  const uint8_t* data = nullptr;  // null in index-only mode (see set_index_only)
   uint64_t size = 0;
   std::shared_ptr<std::vector<uint8_t>> owned;  // set when `data` points into scanner storage
 };
@@ -69,6 +69,24 @@ class TarScanner {
 
   // True once the end-of-archive marker (a zero block) was seen; later bytes are ignored.
   bool at_end() const noexcept;
+
+  // Index-only mode (for building shard indexes): member data is neither referenced nor
+  // copied, so samples carry their key, field extensions and sizes and the two offsets, but
+  // every Field::data is null. Names, grouping and errors are exactly as in the full mode.
+  // Set it before feeding a shard; it stays until changed.
+  void set_index_only(bool on) noexcept;
+
+  // Index-only mode: how many of the bytes from the current position on the scanner would
+  // only count, not look at (member data and padding); 0 when it needs the next byte (a header
+  // or an extended header's data). After the end-of-archive block: UINT64_MAX.
+  uint64_t skippable() const noexcept;
+
+  // Index-only mode: consume `n` <= skippable() bytes without their contents, as feeding them
+  // would (a member whose data ends here completes its field).
+  void skip(uint64_t n);
+
+  // Shard offset of the next byte to be fed.
+  uint64_t position() const noexcept;
 
   std::vector<Sample>& samples() noexcept { return samples_; }
   void clear_samples() noexcept { samples_.clear(); }

@@ -6,35 +6,28 @@ of a shard comes from a sidecar file ``SHARD.fsidx`` that ``flashstream index`` 
 from the user's index cache (see :func:`cache_dir`), else from scanning the shard (one full
 read), whose result then goes into that cache so that it is read once per shard file.
 
-Sidecar format (JSON): ``{"format": "flashstream-shard-index", "version": 1, "shard_bytes":
-size of the shard file, "mtime_ns": its modification time, "compression": null | "gzip" |
-"bzip2" | "xz", "samples": n, "offsets": [...], "ends": [...]}``. Offsets count in the
-decompressed stream for compressed shards. A sidecar whose size or modification time differs
-from the shard's is stale: an error (tar files are padded to 10 KiB records, so a rewritten
-shard often keeps its size; an index that does not match its shard would plan wrong samples).
+The sidecar's JSON format is in :mod:`flashstream.stream.index_format`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-from tqdm import tqdm
-
 from ..settings import IOSettings
 from .handlers import Handler
+from .index_format import ShardIndex
+from .index_locks import scan_with_locks
+from .index_scan import scan_mode, scan_shards
 from .index_share import share_scan
-from .samples import Piece, ReadStats, Records
+from .samples import ReadStats
 from .urls import INDEX_SUFFIX, local_path
 
 __all__ = ["CACHE_ENV", "INDEX_SUFFIX", "ShardIndex", "cache_dir", "cached_path", "load_index",
@@ -45,58 +38,6 @@ log = logging.getLogger(__name__)
 
 #: Where scanned indexes are kept: a directory, or "off" to keep none.
 CACHE_ENV = "FLASHSTREAM_INDEX_CACHE"
-
-_FORMAT = "flashstream-shard-index"
-_VERSION = 1
-_CODECS = (None, "gzip", "bzip2", "xz")
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardIndex:
-    """The samples of one shard: ``offsets[i]`` is sample i's first header, ``ends[i]`` the
-    byte just past its last member (both int64 arrays)."""
-
-    offsets: np.ndarray
-    ends: np.ndarray
-    compression: Optional[str]
-    shard_bytes: int
-    mtime_ns: int = -1
-
-    @property
-    def count(self) -> int:
-        return len(self.offsets)
-
-    def to_json(self) -> Dict[str, object]:
-        return {"format": _FORMAT, "version": _VERSION, "shard_bytes": self.shard_bytes,
-                "mtime_ns": self.mtime_ns, "compression": self.compression, "samples": self.count,
-                "offsets": self.offsets.tolist(), "ends": self.ends.tolist()}
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> ShardIndex:
-        def bad(reason: str) -> ValueError:
-            return ValueError(f"{where}: not a valid flashstream shard index ({reason}); "
-                              f"rewrite it with `flashstream index`")
-
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise bad("wrong format marker")
-        if data.get("version") != _VERSION:
-            raise bad(f"version {data.get('version')!r}, this flashstream reads {_VERSION}")
-        if data.get("compression") not in _CODECS:
-            raise bad(f"compression {data.get('compression')!r}")
-        try:
-            offsets = np.asarray(data["offsets"], dtype=np.int64).reshape(-1)
-            ends = np.asarray(data["ends"], dtype=np.int64).reshape(-1)
-            size = int(data["shard_bytes"])
-            mtime = int(data["mtime_ns"])
-        except (KeyError, TypeError, ValueError, OverflowError) as exn:
-            raise bad(str(exn)) from None
-        if len(offsets) != len(ends) or len(offsets) != data.get("samples"):
-            raise bad("sample count does not match the offset lists")
-        if len(offsets) and (np.any(ends <= offsets) or np.any(offsets[1:] < ends[:-1])
-                             or offsets[0] < 0):
-            raise bad("offsets are not increasing")
-        return cls(offsets, ends, data["compression"], size, mtime)
-
 
 def sidecar_path(url: str) -> str:
     return local_path(url) + INDEX_SUFFIX
@@ -212,44 +153,6 @@ def _write_json(path: str, index: ShardIndex) -> str:
     return path
 
 
-def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
-                errors: Optional[Dict[int, BaseException]] = None, *,
-                progress: bool = False, read: Optional[ReadStats] = None) -> List[ShardIndex]:
-    """Index shards by reading them once. A shard the handler skipped part of is indexed up to
-    the bad spot (what reading it delivers); ``errors`` collects those errors by shard.
-    ``progress``: show a progress bar on a terminal. ``read`` receives what the scan read."""
-    offsets: List[List[int]] = [[] for _ in urls]
-    ends: List[List[int]] = [[] for _ in urls]
-    stats = []
-    for url in urls:  # before reading: a shard changed meanwhile then reads as stale
-        try:
-            stat = os.stat(local_path(url))
-            stats.append((stat.st_size, stat.st_mtime_ns))
-        except OSError:
-            stats.append((-1, -1))
-    records = Records([Piece(url) for url in urls], settings, handler, read)
-    if errors is not None:
-        records.errors = errors
-    bar = tqdm(total=len(urls), unit="shard", desc="flashstream: indexing shards",
-               disable=not (progress and sys.stderr.isatty()), leave=False)
-    with bar:
-        for piece, offset, end, _sample in records:
-            offsets[piece].append(offset)
-            ends[piece].append(end)
-            if piece >= bar.n:
-                bar.update(piece - bar.n)
-    if errors is not None:
-        for i in range(len(urls)):  # the handler ended the scan before these: not indexed
-            if i not in records.codecs and i not in errors:
-                errors[i] = RuntimeError(f"{urls[i]}: not read (the handler ended the scan)")
-    out = []
-    for i in range(len(urls)):
-        out.append(ShardIndex(np.asarray(offsets[i], dtype=np.int64),
-                              np.asarray(ends[i], dtype=np.int64), records.codecs.get(i),
-                              *stats[i]))
-    return out
-
-
 #: A scan reading more than this warns first, naming the ways to avoid it.
 SCAN_WARN_BYTES = 4 << 30
 
@@ -278,7 +181,9 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
     scanned with errors the handler skipped is indexed as read but not cached. ``sources``
     receives how many came from each: ``sidecar``, ``cache``, ``scan``; ``info`` receives per
     source ``{"shards", "bytes", "seconds"}``: the bytes read to index (sidecar and cache
-    files, or the shards a scan read) and the time it took."""
+    files, or the shards a scan read) and the time it took; the scan's entry also has
+    ``methods``: how many shards this process indexed by each method (``hop``,
+    ``sequential``, ``full``; see :mod:`flashstream.stream.index_scan`)."""
     clock = time.perf_counter()
     found, sidecar_bytes = _each(_read_sidecar, urls, [None] * len(urls))
     sidecars = sum(index is not None for index in found)
@@ -290,42 +195,56 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
         sources.update(sidecar=sidecars, cache=len(urls) - sidecars - len(missing),
                        scan=len(missing))
     read = ReadStats()
+    methods: Dict[str, int] = {}
+    cache_later: Dict[int, int] = {}  # cached by another process while this one waited
     mine: List[int] = []  # the shards this process scanned
     if missing:
         where = cache_dir()
-        planned = sum(_file_size(local_path(urls[i])) for i in missing)
+        # Header hopping reads a few KB per member, so how much a scan reads is known only
+        # after it, unless every byte is read by choice.
+        reads_all = scan_mode() in ("sequential", "full") or settings.engine == "python"
+        planned = sum(_file_size(local_path(urls[i])) for i in missing) if reads_all else 0
         if planned > SCAN_WARN_BYTES:
-            warnings.warn(
-                f"flashstream: indexing {len(missing)} shard(s) will read {planned / 1e9:.1f} GB "
-                f"before the first sample (each byte once, then kept in {where or 'no cache'}); "
-                f"`flashstream index SHARDS` writes sidecars once for every later run and "
-                f"machine, and flashstream.ShardWriter writes them while making the shards",
-                stacklevel=3)
-        log.info("indexing %d shard(s) by reading them once (%s); `flashstream index` writes "
-                 "sidecars instead", len(missing),
-                 f"kept in {where}" if where else f"not kept: {CACHE_ENV}=off")
+            _warn_scan(f"will read {planned / 1e9:.1f} GB", len(missing), where)
+        log.info("indexing %d shard(s) (%s); `flashstream index` writes sidecars instead",
+                 len(missing), f"kept in {where}" if where else f"not kept: {CACHE_ENV}=off")
+
         def scan_some(positions: List[int]):
             errors: Dict[int, BaseException] = {}
             try:
                 part = scan_shards([urls[i] for i in positions], settings, handler, errors,
-                                   progress=True, read=read)
+                                   progress=True, read=read, methods=methods)
             except Exception as exn:  # noqa: BLE001 - raised on every rank after the exchange
                 return {}, {}, exn
             return ({i: index.to_json() for i, index in zip(positions, part)},
                     {positions[j]: str(exn) for j, exn in errors.items()}, None)
 
+        failed: Optional[OSError] = None
+
+        def store_json(url: str, data: object) -> None:
+            nonlocal failed
+            try:
+                write_cached(url, ShardIndex.from_json(data, url))
+            except OSError as exn:
+                failed = failed or exn  # one warning, not one per shard
+                raise
+
         shared = share_scan(urls, missing, scan_some)
-        if shared is None:  # no process group: this process scans all it lacks
+        if shared is not None:  # the ranks of the process group scanned a share each
+            indexes, bad, mine = shared
+            store: List[int] = mine  # each rank caches what it scanned
+        elif where is not None:  # processes on this node share the work through the cache
+            indexes, bad, mine, cache_later = scan_with_locks(
+                urls, missing, scan_some, _lock_path, _read_cached_json, store_json)
+            store = []  # cached as each batch was scanned, under its locks
+        else:  # no cache to share through: this process scans all it lacks
             indexes, bad, raised = scan_some(missing)
             if raised is not None:
                 raise raised
-            mine = missing
-        else:
-            indexes, bad, mine = shared
-        failed: Optional[OSError] = None
+            mine, store = missing, []
         for i in missing:
             found[i] = ShardIndex.from_json(indexes[i], urls[i])
-        for i in mine:  # each rank caches what it scanned
+        for i in store:
             if i not in bad and failed is None:
                 try:
                     write_cached(urls[i], found[i])
@@ -333,12 +252,37 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
                     failed = exn  # one warning, not one per shard
         if failed is not None:
             log.warning("could not cache shard indexes in %s: %s", where, failed)
+        if cache_later and sources is not None:
+            sources.update(cache=sources["cache"] + len(cache_later),
+                           scan=sources["scan"] - len(cache_later))
+        cache_bytes += sum(cache_later.values())
+        if not reads_all and read.bytes_read > SCAN_WARN_BYTES:  # small members: read whole
+            _warn_scan(f"read {read.bytes_read / 1e9:.1f} GB", len(mine), where)
     if info is not None:
         info.update(
             sidecar={"shards": sidecars, "bytes": sidecar_bytes,
                      "seconds": after_sidecars - clock},
-            cache={"shards": len(urls) - sidecars - len(missing), "bytes": cache_bytes,
+            cache={"shards": len(urls) - sidecars - len(missing) + len(cache_later),
+                   "bytes": cache_bytes,
                    "seconds": after_cache - after_sidecars},
             scan={"shards": len(mine), "bytes": read.bytes_read,
-                  "seconds": time.perf_counter() - after_cache})
+                  "seconds": time.perf_counter() - after_cache, "methods": methods})
     return found  # type: ignore[return-value]
+
+
+def _lock_path(url: str) -> Optional[Path]:
+    path = cached_path(url)
+    return None if path is None else path.with_name(path.name + ".lock")
+
+
+def _read_cached_json(url: str) -> Tuple[Optional[object], int]:
+    index, nbytes = _read_cached(url)
+    return (None if index is None else index.to_json()), nbytes
+
+
+def _warn_scan(amount: str, shards: int, where: Optional[Path]) -> None:
+    warnings.warn(
+        f"flashstream: indexing {shards} shard(s) {amount} before the first sample (then kept "
+        f"in {where or 'no cache'}); `flashstream index SHARDS` writes sidecars once for every "
+        f"later run and machine, and flashstream.ShardWriter writes them while making the "
+        f"shards", stacklevel=4)
