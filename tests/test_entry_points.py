@@ -151,3 +151,25 @@ def test_checkpoint_benchmark_busy_and_many_small(tmp_path):
     assert env["tensors"] == 2000 and env["busy_cores"] == (os.cpu_count() or 1) - 1
     assert result["config"]["many_small"] == 2000 and result["config"]["busy"] is True
     assert result["writers"]["unpaced"]["stall_vs_torch_save"] > 0
+
+
+def test_startup_benchmark_compares_methods_and_ranks(tmp_path):
+    data = tmp_path / "set"
+    data.mkdir()
+    for s in range(3):
+        write_tar(data / f"s{s}.tar", make_samples(6, sizes=[300_000], seed=s,
+                                                   prefix=f"s{s}-"))
+    out = run(ROOT / "benchmarks" / "startup.py", "--data", data, "--rounds", "1",
+              "--ranks", "1,2", "--sources", "sidecar,scan", "--batch-size", "4",
+              "--workdir", tmp_path / "work", "--json", tmp_path / "o.json")
+    assert "scan methods" in out and "first batch s" in out
+    result = json.loads((tmp_path / "o.json").read_text())["results"]["set"]
+    median = result["methods"]["median"]
+    assert {m: v["samples"] for m, v in median.items()} == dict.fromkeys(
+        ("full", "sequential", "hop", "auto"), 18)
+    assert median["hop"]["methods"]["hop"] == 3 and median["hop"]["bytes"] < result["bytes"] / 10
+    rows = {(r["source"], r["ranks"]): r for r in result["ranks"]}
+    assert set(rows) == {("sidecar", 1), ("sidecar", 2), ("scan", 1), ("scan", 2)}
+    assert rows[("sidecar", 2)]["index_share"] < 0.01  # only the small sidecar files
+    assert all(r["samples"] == 4 for row in rows.values() for r in row["per_rank"])
+    assert not list(data.glob("*.fsidx"))  # sidecars went beside links in the workdir
