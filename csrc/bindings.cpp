@@ -571,11 +571,19 @@ nb::tuple index_shards_py(const std::vector<nb::bytes>& paths, const std::string
   options.hop_read = hop_read;
   options.hop_threshold = hop_threshold;
   options.decide_after = decide_after;
+  // A pending signal (Ctrl-C) stops the scan; its Python exception stays set on this thread
+  // and is raised once the GIL is back.
+  options.cancelled = [] {
+    nb::gil_scoped_acquire acquire;
+    return PyErr_CheckSignals() != 0;
+  };
   IndexStats stats;
   std::vector<ShardIndexResult> results;
-  {
+  try {
     nb::gil_scoped_release release;
     results = index_shards(list, options, &stats);
+  } catch (const IndexCancelled&) {
+    throw nb::python_error();
   }
   nb::list out;
   for (const ShardIndexResult& r : results) {

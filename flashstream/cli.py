@@ -167,7 +167,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                   f"{row['samples']:>10} samples  {row['index']}")
         print(f"indexed {summary['indexed']} of {len(urls)} shards "
               f"({summary['up_to_date']} already up to date) in {seconds:.2f} s, "
-              f"{jobs} at a time")
+              f"{jobs} group(s) at a time")
     return 1 if errors else 0
 
 
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write nothing: verify existing sidecars against their shards "
                           "(exit 1 if any is missing, stale or differs)")
     idx.add_argument("--jobs", type=int, default=None,
-                     help="shards scanned at once (default: min(4, CPUs))")
+                     help="groups of up to 64 shards scanned at once (default: min(4, CPUs))")
     idx.add_argument("--engine", choices=settings.ENGINES, default=None)
     idx.add_argument("--json", action="store_true")
     idx.set_defaults(func=cmd_index)

@@ -169,3 +169,18 @@ def test_processes_on_one_node_never_scan_a_shard_twice(tmp_path, cache, ranks):
         assert info["scan"]["shards"] == len(r["scanned"])
         assert info["scan"]["shards"] + info["cache"]["shards"] == 12
     assert not list(cache.glob("*.lock"))  # each lock went with its cache entry
+
+
+def test_a_filesystem_that_cannot_lock_scans_without_locks(tmp_path, cache, scans,
+                                                           monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    shards = write_uneven(tmp_path / "d")
+    stream = ShardStream(shards)
+    assert scans == shards and len(stream) == sum(UNEVEN)
+    assert not list(cache.glob("*.lock"))  # each lock file went with its cache entry

@@ -27,10 +27,10 @@ METHODS = ("hop", "sequential", "auto")
 def scan(paths, mode, monkeypatch, handler=lambda exn: True, **io):
     """Index and errors of ``paths`` scanned with FLASHSTREAM_INDEX_SCAN=mode."""
     monkeypatch.setenv(SCAN_ENV, mode)
-    errors, methods = {}, {}
+    errors, state = {}, index_scan.ScanState()
     found = scan_shards([str(p) for p in paths], fs_settings.resolve(**io), handler, errors,
-                        methods=methods)
-    return found, {i: (type(e), str(e)) for i, e in errors.items()}, methods
+                        state=state)
+    return found, {i: (type(e), str(e)) for i, e in errors.items()}, state.methods
 
 
 def assert_same_index(paths, monkeypatch, **io):
@@ -178,9 +178,12 @@ def test_a_handler_that_stops_leaves_the_later_shards_unread(tmp_path, monkeypat
     corrupt_shard(bad, members=4, size=100_000, bad=2)
     good = write_tar(tmp_path / "good.tar", make_samples(3, sizes=[80_000]))
     for mode in ("full", "hop"):
-        found, errors, _ = scan([good, bad, good], mode, monkeypatch, handler=lambda exn: False)
+        seen = []
+        found, errors, _ = scan([good, bad, good], mode, monkeypatch,
+                                handler=lambda exn, seen=seen: seen.append(exn) and False)
         assert [index.count for index in found] == [3, 2, 0], mode
         assert "not read" in errors[2][1]
+        assert len(seen) == 1  # the handler never sees the shards it left unread
 
 
 def test_hopping_one_mib_members_reads_under_two_percent(tmp_path, monkeypatch):
@@ -239,6 +242,28 @@ def test_the_threshold_follows_the_probe(tmp_path, monkeypatch):
         index_scan._probe_figures.cache_clear()
 
 
+@pytest.mark.parametrize("mode", METHODS + ("full",))
+def test_nothing_to_scan(monkeypatch, mode):
+    assert scan([], mode, monkeypatch)[0] == []
+
+
+def test_the_handler_ending_the_scan_carries_over_batches(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.tar"
+    corrupt_shard(bad, members=4, size=100_000, bad=2)
+    good = write_tar(tmp_path / "good.tar", make_samples(3, sizes=[80_000]))
+    seen, state, errors = [], index_scan.ScanState(), {}
+
+    def handler(exn):
+        seen.append(exn)
+        return False
+
+    first = scan_shards([str(bad)], fs_settings.resolve(), handler, errors, state=state)
+    later = scan_shards([str(good)], fs_settings.resolve(), handler, errors, state=state)
+    assert [first[0].count, later[0].count] == [2, 0] and len(seen) == 1
+    assert state.stopped and "not read" in str(errors[0])
+    assert state.methods == {"hop": 1, "sequential": 0, "full": 0}
+
+
 def test_a_bad_scan_mode_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(SCAN_ENV, "fast")
     with pytest.raises(ValueError, match="auto, hop, sequential, full"):
@@ -280,3 +305,39 @@ def test_an_archive_with_only_small_reads_hops_correctly_across_windows(tmp_path
     path = tmp_path / "straddle.tar"
     path.write_bytes(out.getvalue())
     assert_same_index([path], monkeypatch)
+
+
+def test_a_signal_stops_a_long_scan_promptly(tmp_path, monkeypatch):
+    """Ctrl-C (here SIGALRM raising KeyboardInterrupt) reaches Python within the indexer's
+    50 ms poll, not after the whole scan, and the next scan works."""
+    import signal
+    import time
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for i in range(20_000):  # one hop per member, each waiting for the one before
+            info = tarfile.TarInfo(f"k{i:05d}.bin")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    shard = tmp_path / "long.tar"
+    shard.write_bytes(out.getvalue())
+    monkeypatch.setenv(SCAN_ENV, "hop")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        start = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            scan_shards([str(shard)], fs_settings.resolve(), reraise_exception)
+        stopped_after = time.perf_counter() - start
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    start = time.perf_counter()
+    (index,) = scan_shards([str(shard)], fs_settings.resolve(), reraise_exception)
+    whole = time.perf_counter() - start
+    assert index.count == 20_000
+    assert stopped_after < whole / 2, (stopped_after, whole)

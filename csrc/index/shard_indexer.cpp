@@ -4,8 +4,11 @@
 // SequentialReader (which keeps large reads in flight across shard boundaries).
 #include "index/shard_indexer.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -39,11 +42,44 @@ bool needs_python_rules(const std::string& ext) {
                      [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
 }
 
+// What a file was when indexing began. A shard that is rewritten, shrunk or replaced while it
+// is indexed is left to the full scan, which meets the change as reading it would.
+struct Identity {
+  bool known = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+
+  static Identity of(const struct stat& st) {
+    Identity id;
+    id.known = true;
+    id.dev = st.st_dev;
+    id.ino = st.st_ino;
+    id.size = st.st_size;
+    id.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    return id;
+  }
+  static Identity of_fd(int fd) {
+    struct stat st;
+    return ::fstat(fd, &st) == 0 ? of(st) : Identity();
+  }
+  static Identity of_path(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 ? of(st) : Identity();
+  }
+  bool operator==(const Identity& o) const {
+    return known && o.known && dev == o.dev && ino == o.ino && size == o.size &&
+           mtime_ns == o.mtime_ns;
+  }
+};
+
 struct Shard {
   size_t index = 0;  // into the paths and results
   std::unique_ptr<InputFile> file;
+  Identity identity;  // when first opened (or stat'ed, for a shard read sequentially at once)
   TarScanner scanner;
-  uint64_t end = 0;  // file size when opened (lowered if a read finds the file shorter)
+  uint64_t end = 0;  // file size when opened
   AlignedBuffer buf;
   uint64_t buf_offset = 0;  // file offset of buf[0]
   size_t buf_filled = 0;
@@ -90,6 +126,30 @@ class Indexer {
     return true;
   }
 
+  // The shard changed while it was indexed (or a read came back short before its end): the
+  // full scan decides what it holds, or how it fails.
+  void leave_to_full_scan(Shard& s) {
+    s.scanner.clear_samples();
+    results_[s.index] = ShardIndexResult();
+    results_[s.index].outcome = ShardOutcome::kNeedsFullScan;
+  }
+
+  // After a shard is done: whether it is still the file indexing began with.
+  void check_unchanged(Shard& s, const Identity& now) {
+    const ShardOutcome outcome = results_[s.index].outcome;
+    if (outcome == ShardOutcome::kIndexed || outcome == ShardOutcome::kFailed)
+      if (s.identity.known && !(now == s.identity)) leave_to_full_scan(s);
+  }
+
+  // Polled between completions, at most every 50 ms: a Ctrl-C must not wait for a whole scan.
+  void poll_cancel() {
+    if (!opt_.cancelled) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_poll_ < std::chrono::milliseconds(50)) return;
+    last_poll_ = now;
+    if (opt_.cancelled()) throw IndexCancelled();
+  }
+
   // The current exception ends shard s: samples completed before it stay in its index.
   void fail(Shard& s) {
     std::exception_ptr error = std::current_exception();
@@ -109,20 +169,43 @@ class Indexer {
     engine_ = make_engine(opt_.engine, opt_.queue_depth, /*single_thread=*/true);
     if (stats_) stats_->engine = engine_->name();
     slots_.resize(opt_.queue_depth);
+    busy_.assign(opt_.queue_depth, false);
     std::vector<IoCompletion> done(opt_.queue_depth);
     size_t in_flight = 0;
-    for (size_t slot = 0; slot < slots_.size(); ++slot) in_flight += start_next(slot);
-    while (in_flight > 0) {
-      const size_t n = engine_->reap(done.data(), done.size(), 1);
-      for (size_t k = 0; k < n; ++k) {
-        const size_t slot = static_cast<size_t>(done[k].tag);
-        if (!on_read(slot, done[k].result)) {
-          --in_flight;
-          in_flight += start_next(slot);
+    try {
+      for (size_t slot = 0; slot < slots_.size(); ++slot) in_flight += start_next(slot);
+      while (in_flight > 0) {
+        const size_t n = engine_->reap(done.data(), done.size(), 1);
+        for (size_t k = 0; k < n; ++k) busy_[done[k].tag] = false;
+        poll_cancel();
+        for (size_t k = 0; k < n; ++k) {
+          const size_t slot = static_cast<size_t>(done[k].tag);
+          if (!on_read(slot, done[k].result)) {
+            --in_flight;
+            in_flight += start_next(slot);
+          }
         }
       }
+    } catch (...) {  // a failing engine or allocation, not a shard's error (those are kept)
+      abandon();
+      throw;
     }
     engine_.reset();
+  }
+
+  // Reads still in flight write into their shards' buffers: wait for them before anything
+  // is freed. If even that fails, the buffers are leaked rather than handed back to the heap
+  // under the kernel's feet.
+  void abandon() noexcept {
+    try {
+      std::vector<IoCompletion> done(opt_.queue_depth);
+      while (std::find(busy_.begin(), busy_.end(), true) != busy_.end()) {
+        const size_t n = engine_->reap(done.data(), done.size(), 1);
+        for (size_t k = 0; k < n; ++k) busy_[done[k].tag] = false;
+      }
+    } catch (...) {
+      for (auto& s : slots_) s.release();  // deliberately leaked
+    }
   }
 
   // Opens shards in turn until one has a read in flight in `slot`; returns 1, or 0 when no
@@ -139,6 +222,7 @@ class Indexer {
         continue;
       }
       s->end = s->file->size();
+      s->identity = Identity::of_fd(s->file->fd());
       s->scanner.set_index_only(true);
       s->scanner.begin_shard(0);
       const DioAlignment& a = s->file->alignment();
@@ -168,6 +252,7 @@ class Indexer {
     ++s.reads;
     ++results_[s.index].hops;
     engine_->submit_read(s.file->fd(), s.buf.data(), s.buf.size(), s.buf_offset, slot);
+    busy_[slot] = true;
   }
 
   // A read of `slot` completed. Returns true when the shard has another read in flight.
@@ -190,9 +275,9 @@ class Indexer {
       s.buf_filled = static_cast<size_t>(result);
       r.bytes_read += static_cast<uint64_t>(result);
       if (stats_) stats_->bytes_read += static_cast<uint64_t>(result);
-      if (result == 0)  // the file is shorter than it was: it ends here
-        s.end = std::max(s.buf_offset, s.scanner.position());
-      if (s.buf_offset == 0 && compressed_magic(s.buf.data(), s.buf_filled)) {
+      if (s.buf_filled < s.buf.size() && s.buf_offset + s.buf_filled < s.end) {
+        leave_to_full_scan(s);  // short of the size at open: the file shrank under us
+      } else if (s.buf_offset == 0 && compressed_magic(s.buf.data(), s.buf_filled)) {
         r.outcome = ShardOutcome::kCompressed;
       } else {
         next = advance(s);
@@ -206,9 +291,10 @@ class Indexer {
     }
     if (next == Next::kSequential) {
       park(std::move(slots_[slot]));
-    } else if (stats_ && r.outcome != ShardOutcome::kCompressed &&
-               r.outcome != ShardOutcome::kNeedsFullScan) {
-      ++stats_->hopped_shards;
+    } else {
+      check_unchanged(s, Identity::of_fd(s.file->fd()));
+      if (stats_ && (r.outcome == ShardOutcome::kIndexed || r.outcome == ShardOutcome::kFailed))
+        ++stats_->hopped_shards;
     }
     slots_[slot].reset();
     return false;
@@ -251,6 +337,7 @@ class Indexer {
   void park_new(size_t index) {
     auto s = std::make_unique<Shard>();
     s->index = index;
+    s->identity = Identity::of_path(paths_[index]);
     s->scanner.set_index_only(true);
     s->scanner.begin_shard(0);
     park(std::move(s));
@@ -287,6 +374,7 @@ class Indexer {
         ++expected;
         continue;
       }
+      poll_cancel();
       expected = c.extent + (c.last ? 1 : 0);
       Shard& s = *parked_[c.extent];
       ShardIndexResult& r = results_[s.index];
@@ -310,6 +398,7 @@ class Indexer {
         fail(s);
         done = true;
       }
+      if (done) check_unchanged(s, Identity::of_path(paths_[s.index]));
       if (done && !c.last) {
         reader.skip_extent();
         expected = c.extent + 1;
@@ -328,8 +417,10 @@ class Indexer {
   std::vector<ShardIndexResult> results_;
   std::unique_ptr<IoEngine> engine_;
   std::vector<std::unique_ptr<Shard>> slots_;   // the shard each hop slot (request tag) serves
+  std::vector<bool> busy_;                      // whether each slot's read is in flight
   std::vector<std::unique_ptr<Shard>> parked_;  // for sequential reading, as they were parked
   size_t next_ = 0;                             // the next path to open for hopping
+  std::chrono::steady_clock::time_point last_poll_;  // the first poll comes at once
 };
 
 }  // namespace

@@ -14,11 +14,17 @@
 //
 // Shards that start with a compression magic (gzip, bzip2, xz) cannot be hopped (offsets count
 // in the decompressed stream) and are left to the caller, as are shards whose extensions need
-// Python's Unicode rules (see ShardOutcome::kNeedsFullScan).
+// Python's Unicode rules and shards that changed while indexed (see kNeedsFullScan).
+//
+// Equal to the full scan means: the same samples and the same format errors for a file that
+// does not change meanwhile. Read errors can differ: a bad sector inside member data fails a
+// full read but is never read by hopping.
 #pragma once
 
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,14 +40,23 @@ struct IndexOptions {
   // 0: always hop; UINT64_MAX: never hop (read every shard sequentially).
   uint64_t hop_threshold = 64 << 10;
   unsigned decide_after = 8;     // hop reads of a shard before judging it
+  // Polled every 50 ms or so from the indexing thread; returning true stops the run with
+  // IndexCancelled (reads in flight are waited for first). E.g. a pending Ctrl-C.
+  std::function<bool()> cancelled;
+};
+
+// Thrown by index_shards when options.cancelled() returned true.
+struct IndexCancelled : std::runtime_error {
+  IndexCancelled() : std::runtime_error("indexing cancelled") {}
 };
 
 enum class ShardOutcome : uint8_t {
   kIndexed,        // whole shard indexed
   kFailed,         // `error` holds the FormatError or IoError; offsets hold the samples before it
   kCompressed,     // starts with a compression magic: not indexed here
-  kNeedsFullScan,  // a field extension that is not ASCII, or "__local_path__": webdataset's
-                   // sample dict (Python's str.lower) decides whether two fields collide
+  kNeedsFullScan,  // a field extension that is not ASCII, or "__local_path__" (webdataset's
+                   // sample dict, i.e. Python's str.lower, decides whether two fields
+                   // collide); or a shard that changed while it was indexed
 };
 
 struct ShardIndexResult {

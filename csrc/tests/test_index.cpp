@@ -196,6 +196,29 @@ TEST_CASE("small members switch to sequential reading after the first hops") {
   CHECK(spans_of(got[0]) == full_scan(tar).first);
 }
 
+TEST_CASE("a cancelled run waits for its reads and throws IndexCancelled") {
+  fstest::TempDir dir;
+  std::vector<std::string> paths;
+  const std::string tar = archives()[0];
+  for (int i = 0; i < 40; ++i) {
+    paths.push_back(dir.file("c" + std::to_string(i) + ".tar"));
+    write_file(paths.back(), tar);
+  }
+  for (const std::string& engine : engines()) {
+    for (uint64_t threshold : {uint64_t(0), UINT64_MAX}) {
+      IndexOptions o;
+      o.engine = engine;
+      o.hop_threshold = threshold;
+      int polls = 0;
+      o.cancelled = [&polls] { return ++polls >= 1; };
+      CHECK_THROWS(index_shards(paths, o), IndexCancelled);
+      CHECK(polls == 1);
+      o.cancelled = nullptr;  // the same files index fine afterwards
+      CHECK(index_shards(paths, o)[39].offsets.size() == 6);
+    }
+  }
+}
+
 TEST_CASE("bad options are refused") {
   IndexOptions o;
   o.queue_depth = 0;

@@ -25,7 +25,7 @@ from ..settings import IOSettings
 from .handlers import Handler
 from .index_format import ShardIndex
 from .index_locks import scan_with_locks
-from .index_scan import scan_mode, scan_shards
+from .index_scan import ScanState, scan_mode, scan_shards
 from .index_share import share_scan
 from .samples import ReadStats
 from .urls import INDEX_SUFFIX, local_path
@@ -195,7 +195,7 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
         sources.update(sidecar=sidecars, cache=len(urls) - sidecars - len(missing),
                        scan=len(missing))
     read = ReadStats()
-    methods: Dict[str, int] = {}
+    state = ScanState()  # over every batch this process scans
     cache_later: Dict[int, int] = {}  # cached by another process while this one waited
     mine: List[int] = []  # the shards this process scanned
     if missing:
@@ -213,7 +213,7 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
             errors: Dict[int, BaseException] = {}
             try:
                 part = scan_shards([urls[i] for i in positions], settings, handler, errors,
-                                   progress=True, read=read, methods=methods)
+                                   progress=True, read=read, state=state)
             except Exception as exn:  # noqa: BLE001 - raised on every rank after the exchange
                 return {}, {}, exn
             return ({i: index.to_json() for i, index in zip(positions, part)},
@@ -235,7 +235,8 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
             store: List[int] = mine  # each rank caches what it scanned
         elif where is not None:  # processes on this node share the work through the cache
             indexes, bad, mine, cache_later = scan_with_locks(
-                urls, missing, scan_some, _lock_path, _read_cached_json, store_json)
+                urls, missing, scan_some, _lock_path, _read_cached_json, store_json,
+                stopped=lambda: state.stopped)
             store = []  # cached as each batch was scanned, under its locks
         else:  # no cache to share through: this process scans all it lacks
             indexes, bad, raised = scan_some(missing)
@@ -266,7 +267,8 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
                    "bytes": cache_bytes,
                    "seconds": after_cache - after_sidecars},
             scan={"shards": len(mine), "bytes": read.bytes_read,
-                  "seconds": time.perf_counter() - after_cache, "methods": methods})
+                  "seconds": time.perf_counter() - after_cache,
+                  "methods": state.methods if mine else {}})
     return found  # type: ignore[return-value]
 
 

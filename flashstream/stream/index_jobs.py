@@ -1,7 +1,8 @@
 """Indexing many shards at once, and checking sidecars against the shards they describe.
 
-``flashstream index`` runs these: shards are scanned on several threads (each has its own C++
-reader, and reading and scanning release the GIL), with one progress bar over all of them.
+``flashstream index`` runs these: groups of shards are scanned on several threads (each scan
+keeps many shards in flight itself, and reading and scanning release the GIL), with one
+progress bar over all of them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from tqdm import tqdm
 from ..settings import IOSettings
 from .index import ShardIndex, read_sidecar, scan_shards
 
-__all__ = ["check_sidecars", "default_jobs", "scan_parallel"]
+__all__ = ["GROUP", "check_sidecars", "default_jobs", "scan_parallel"]
+
+#: Shards per scan call: the indexer hops many shards at once within one call.
+GROUP = 64
 
 
 def default_jobs() -> int:
@@ -28,31 +32,36 @@ def default_jobs() -> int:
 def scan_parallel(urls: Sequence[str], settings: IOSettings, *, jobs: int,
                   progress: bool = True) -> Tuple[List[Optional[ShardIndex]],
                                                   Dict[int, BaseException]]:
-    """Scan every shard, ``jobs`` at a time. Returns the indexes (None where a shard failed)
-    and the errors by position; a failed shard never stops the others."""
+    """Scan every shard, in groups of up to :data:`GROUP` shards, ``jobs`` groups at a time.
+    Returns the indexes (None where a shard failed) and the errors by position; a failed shard
+    never stops the others."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     out: List[Optional[ShardIndex]] = [None] * len(urls)
     errors: Dict[int, BaseException] = {}
+    size = max(1, min(GROUP, -(-len(urls) // jobs)))
+    groups = [range(a, min(a + size, len(urls))) for a in range(0, len(urls), size)]
 
-    def one(i: int) -> None:
+    def one(group: range) -> None:
         failed: Dict[int, BaseException] = {}
-        (index,) = scan_shards([urls[i]], settings, lambda exn: True, failed)
-        if failed:
-            errors[i] = failed[0]
-        else:
-            out[i] = index
+        found = scan_shards([urls[i] for i in group], settings, lambda exn: True, failed)
+        for j, i in enumerate(group):
+            if j in failed:
+                errors[i] = failed[j]
+            else:
+                out[i] = found[j]
 
     bar = tqdm(total=len(urls), unit="shard", desc="flashstream: indexing",
                disable=not (progress and sys.stderr.isatty()))
     with bar, concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(one, i): i for i in range(len(urls))}
+        futures = {pool.submit(one, group): group for group in groups}
         for future in concurrent.futures.as_completed(futures):
             try:
                 future.result()
-            except (OSError, ValueError) as exn:
-                errors[futures[future]] = exn
-            bar.update(1)
+            except (OSError, ValueError) as exn:  # the whole group: e.g. a bad setting
+                for i in futures[future]:
+                    errors[i] = exn
+            bar.update(len(futures[future]))
     return out, errors
 
 

@@ -8,8 +8,10 @@ their holder is done. So no two processes scan the same shard at once, and none 
 another one has cached. With RANK/WORLD_SIZE set, each rank first takes the share a process
 group would give it, then helps with what is left of the others'.
 
-A shard whose scan failed is not cached: a process that wanted it scans it itself, to meet the
-error under its own handler.
+A shard whose scan failed is not cached (nor one whose cache entry could not be written): a
+process that wanted it scans it itself, to meet the error under its own handler; its lock
+file stays behind, empty. Where the filesystem cannot lock (NFS without lockd, some FUSE
+mounts), shards are scanned without locks, as if no other process wanted them.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ class _Lock:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
 
-    def take(self, wait: bool) -> bool:
+    def take(self, wait: bool) -> Optional[bool]:
+        """True when locked, False when another process holds it (without ``wait``), None
+        when this filesystem cannot lock (NFS without lockd, some FUSE mounts)."""
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             return False
+        except OSError:
+            return None
         return True
 
     def release(self, *, remove: bool = False) -> None:
@@ -71,12 +77,15 @@ def _open_lock(path: Optional[Path], create: bool = True) -> Optional[_Lock]:
 
 
 def scan_with_locks(urls: Sequence[str], missing: List[int], scan: Scan, lock_path:
-                    Callable[[str], Optional[Path]], read: Read, store: Store
+                    Callable[[str], Optional[Path]], read: Read, store: Store,
+                    stopped: Callable[[], bool] = lambda: False
                     ) -> Tuple[Dict[int, object], Dict[int, str], List[int], Dict[int, int]]:
     """Index ``missing`` (positions into ``urls``), sharing the work with other processes
     through the cache. Returns the index JSON of every position, the scan errors, the
     positions this process scanned, and for the ones it found cached meanwhile the bytes
-    read. Raises what ``scan`` raised, after letting go of its locks."""
+    read. Raises what ``scan`` raised, after letting go of its locks. Once ``stopped()`` (the
+    handler ended the scan), what is left goes to ``scan`` at once, unlocked and unread from
+    the cache: one pass over the shards would not have read those either."""
     rank, world = job_rank()
     if not (world > 1 and 0 <= rank < world):
         rank, world = 0, 1
@@ -84,10 +93,19 @@ def scan_with_locks(urls: Sequence[str], missing: List[int], scan: Scan, lock_pa
     own = missing[rank::world]
     taken = set(own)
     out = _Outcome()
-    for part in (own, [i for i in missing if i not in taken]):
+    rest = [i for i in missing if i not in taken]
+    for k, part in enumerate((own, rest)):
         pending = part
-        while pending:
+        while pending and not stopped():
             pending = _round(urls, pending, scan, lock_path, read, store, out)
+        if stopped():
+            left = pending + (rest if k == 0 else [])
+            got, bad, raised = scan(left) if left else ({}, {}, None)
+            if raised is not None:
+                raise raised
+            out.indexes.update(got)
+            out.errors.update(bad)
+            break
     return out.indexes, out.errors, out.mine, out.cached
 
 
@@ -112,10 +130,14 @@ def _round(urls: Sequence[str], pending: List[int], scan: Scan,
                 later.append(i)
                 continue
             lock = _open_lock(lock_path(urls[i]))
-            if lock is not None and not lock.take(wait=False):
-                lock.release()
-                later.append(i)
-                continue
+            if lock is not None:
+                taken = lock.take(wait=False)
+                if taken is not True:
+                    lock.release(remove=taken is None)  # unlockable: the file is no use
+                    lock = None
+                if taken is False:
+                    later.append(i)
+                    continue
             found, nbytes = read(urls[i])
             if found is not None:  # cached by another process meanwhile
                 out.indexes[i], out.cached[i] = found, nbytes
@@ -144,8 +166,10 @@ def _round(urls: Sequence[str], pending: List[int], scan: Scan,
         elif later:  # every shard left is being scanned elsewhere: wait for one
             lock = _open_lock(lock_path(urls[later[0]]), create=False)
             if lock is not None:  # (gone: its holder is done already)
-                lock.take(wait=True)
-                lock.release()
+                try:
+                    lock.take(wait=True)
+                finally:
+                    lock.release()
     finally:
         for _i, lock in batch:  # not scanned (it raised): let others have them
             if lock is not None:

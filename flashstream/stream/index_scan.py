@@ -14,6 +14,7 @@ members are small), ``hop`` (always hop), ``sequential`` (read every byte, no sa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -33,8 +34,8 @@ from .index_format import ShardIndex
 from .samples import Piece, ReadStats, Records
 from .urls import local_path
 
-__all__ = ["DEFAULT_HOP_THRESHOLD", "SCAN_ENV", "SCAN_MODES", "hop_threshold", "scan_mode",
-           "scan_shards"]
+__all__ = ["DEFAULT_HOP_THRESHOLD", "SCAN_ENV", "SCAN_MODES", "ScanState", "hop_threshold",
+           "scan_mode", "scan_shards"]
 
 SCAN_ENV = "FLASHSTREAM_INDEX_SCAN"
 SCAN_MODES = ("auto", "hop", "sequential", "full")
@@ -47,6 +48,17 @@ DEFAULT_HOP_THRESHOLD = 64 << 10
 _THRESHOLD_RANGE = (16 << 10, 4 << 20)
 #: Shards per call into the indexer: the progress bar moves between calls.
 _BATCH = 256
+
+
+@dataclasses.dataclass
+class ScanState:
+    """What a scan carries over when it is made in several calls (batches of shards): how
+    many shards each method indexed, and whether the handler ended the scan (later calls then
+    read nothing, as one pass over all the shards would not have)."""
+
+    methods: Dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"hop": 0, "sequential": 0, "full": 0})
+    stopped: bool = False
 
 
 def scan_mode() -> str:
@@ -128,42 +140,45 @@ def _interpolate(iops_by_depth: Dict[int, float], depth: int) -> float:
 def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
                 errors: Optional[Dict[int, BaseException]] = None, *,
                 progress: bool = False, read: Optional[ReadStats] = None,
-                methods: Optional[Dict[str, int]] = None) -> List[ShardIndex]:
+                state: Optional[ScanState] = None) -> List[ShardIndex]:
     """Index shards. A shard the handler skipped part of is indexed up to the bad spot (what
     reading it delivers); ``errors`` collects those errors by shard. Errors reach the handler
-    in shard order, as in one pass over the shards. ``progress``: show a progress bar on a
-    terminal. ``read`` receives what the scan read; ``methods`` how many shards each method
-    indexed (``hop``, ``sequential``, ``full``)."""
+    in shard order, as in one pass over the shards; once it returns False the later shards
+    are not indexed (their ``errors`` entry says so; the handler does not see those).
+    ``progress``: show a progress bar on a terminal. ``read`` receives what the scan read;
+    ``state`` carries the method counts and the handler's stop over several calls."""
+    state = state if state is not None else ScanState()
     stats = [_stat(url) for url in urls]  # before reading: a changed shard then reads as stale
     mode = scan_mode()
     read = read if read is not None else ReadStats()
-    bar = tqdm(total=len(urls), unit="shard", desc="flashstream: indexing shards",
-               disable=not (progress and sys.stderr.isatty()), leave=False)
-    with bar:
-        if mode == "full" or settings.engine == "python":
-            found = _full_scan(urls, settings, read, bar)
-        else:
-            found = _indexer_scan(urls, settings, mode, read, bar)
-    counts = {"hop": 0, "sequential": 0, "full": 0}
-    for _offsets, _ends, _codec, _error, method in found:
-        counts[method] += 1
-    if methods is not None:
-        methods.update(counts)
+    if state.stopped or not urls:
+        found: List[_Found] = [(_EMPTY, _EMPTY, None, None, "full") for _ in urls]
+    else:
+        bar = tqdm(total=len(urls), unit="shard", desc="flashstream: indexing shards",
+                   disable=not (progress and sys.stderr.isatty()), leave=False)
+        with bar:
+            if mode == "full" or settings.engine == "python":
+                found = _full_scan(urls, settings, read, bar)
+            else:
+                found = _indexer_scan(urls, settings, mode, read, bar)
+        for _offsets, _ends, _codec, _error, method in found:
+            state.methods[method] += 1
     out = []
-    stopped = False
     for i, (offsets, ends, codec, error, _method) in enumerate(found):
-        if stopped:  # the handler ended the scan before this shard: not indexed
-            offsets = ends = np.empty(0, dtype=np.int64)
-            error = RuntimeError(f"{urls[i]}: not read (the handler ended the scan)")
-        if error is not None:
+        if state.stopped:  # the handler ended the scan before this shard: not indexed
+            offsets = ends = _EMPTY
+            if errors is not None:
+                errors[i] = RuntimeError(f"{urls[i]}: not read (the handler ended the scan)")
+        elif error is not None:
             if errors is not None:
                 errors[i] = error
-            stopped = stopped or not handler(error)
+            state.stopped = not handler(error)
         out.append(ShardIndex(offsets, ends, codec, *stats[i]))
     return out
 
 
 _Found = Tuple[np.ndarray, np.ndarray, Optional[str], Optional[BaseException], str]
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
 def _stat(url: str) -> Tuple[int, int]:
