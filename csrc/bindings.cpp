@@ -589,13 +589,11 @@ nb::tuple index_shards_py(const std::vector<nb::bytes>& paths, const std::string
   for (const ShardIndexResult& r : results) {
     nb::object error = r.error ? exception_object(r.error) : nb::none();
     out.append(nb::make_tuple(outcome_name(r.outcome), copy_i64(r.offsets), copy_i64(r.ends),
-                              error, r.sequential, r.hops, r.bytes_read));
+                              error, r.sequential, r.hops));
   }
   nb::dict d;
   d["bytes_read"] = stats.bytes_read;
   d["requests"] = stats.requests;
-  d["hopped_shards"] = stats.hopped_shards;
-  d["sequential_shards"] = stats.sequential_shards;
   d["engine"] = stats.engine;
   return nb::make_tuple(out, d);
 }
@@ -914,7 +912,7 @@ NB_MODULE(_core, m) {
         nb::arg("hop_threshold") = uint64_t(64) << 10, nb::arg("decide_after") = 8u,
         "Index tar shards (paths as bytes) by hopping from header to header, or reading "
         "sequentially where members are small. Returns ([(outcome, offsets, ends, error, "
-        "sequential, hops, bytes_read), ...], stats dict); outcome is indexed, failed, "
+        "sequential, hops), ...], stats dict); outcome is indexed, failed, "
         "compressed or full_scan (left to the caller).");
   m.def("create_probe_file", &create_probe_file_py, nb::arg("path"), nb::arg("size"),
         "Create or resize a preallocated file of random data for run_probe.");

@@ -239,9 +239,9 @@ def open_reader(extents: Sequence[Extent], settings: IOSettings) -> ChunkReader:
 
 
 #: One shard's indexing by :func:`index_shards`: ``(outcome, offsets, ends, error, sequential,
-#: hops, bytes_read)``; outcome ``indexed``, ``failed`` (error holds the exception: OSError or
+#: hops)``; outcome ``indexed``, ``failed`` (error holds the exception: OSError or
 #: FormatError), ``compressed`` or ``full_scan`` (both left to the reader's own pass).
-ShardIndexing = Tuple[str, Any, Any, Optional[BaseException], bool, int, int]
+ShardIndexing = Tuple[str, Any, Any, Optional[BaseException], bool, int]
 
 
 def index_shards(paths: Sequence[str], settings: IOSettings, hop_threshold: int,
@@ -249,7 +249,7 @@ def index_shards(paths: Sequence[str], settings: IOSettings, hop_threshold: int,
     """Index tar shards in C++ without building samples: hop from header to header, or read
     a shard sequentially once it advanced fewer than ``hop_threshold`` bytes per hop (0: always
     hop; 2**64 - 1: never). The GIL is released throughout. Returns one result per path and
-    the run's figures (bytes_read, requests, hopped_shards, sequential_shards, engine)."""
+    the run's figures (bytes_read, requests, engine)."""
     if settings.engine == "python":
         raise ValueError("index_shards needs a C++ engine: auto, uring or threads")
     return _core.index_shards([os.fsencode(p) for p in paths], settings.engine,

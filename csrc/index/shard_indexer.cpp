@@ -273,7 +273,6 @@ class Indexer {
         throw_io_error(static_cast<int>(-result), "read", paths_[s.index],
                        static_cast<int64_t>(s.buf_offset));
       s.buf_filled = static_cast<size_t>(result);
-      r.bytes_read += static_cast<uint64_t>(result);
       if (stats_) stats_->bytes_read += static_cast<uint64_t>(result);
       if (s.buf_filled < s.buf.size() && s.buf_offset + s.buf_filled < s.end) {
         leave_to_full_scan(s);  // short of the size at open: the file shrank under us
@@ -293,8 +292,6 @@ class Indexer {
       park(std::move(slots_[slot]));
     } else {
       check_unchanged(s, Identity::of_fd(s.file->fd()));
-      if (stats_ && (r.outcome == ShardOutcome::kIndexed || r.outcome == ShardOutcome::kFailed))
-        ++stats_->hopped_shards;
     }
     slots_[slot].reset();
     return false;
@@ -347,7 +344,6 @@ class Indexer {
     s->file.reset();  // the sequential reader opens it again; keep few files open meanwhile
     s->buf = AlignedBuffer();
     results_[s->index].sequential = true;
-    if (stats_) ++stats_->sequential_shards;
     parked_.push_back(std::move(s));
   }
 
@@ -378,7 +374,6 @@ class Indexer {
       expected = c.extent + (c.last ? 1 : 0);
       Shard& s = *parked_[c.extent];
       ShardIndexResult& r = results_[s.index];
-      r.bytes_read += c.size;
       bool done = c.last;
       try {
         if (c.first && c.offset == 0 && compressed_magic(c.data, c.size)) {

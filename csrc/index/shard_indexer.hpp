@@ -66,14 +66,11 @@ struct ShardIndexResult {
   std::exception_ptr error;
   bool sequential = false;  // read sequentially after the first hops (members too small)
   uint64_t hops = 0;        // hop reads
-  uint64_t bytes_read = 0;  // bytes transferred for this shard, alignment over-read included
 };
 
 struct IndexStats {
   uint64_t bytes_read = 0;
   uint64_t requests = 0;
-  uint64_t hopped_shards = 0;      // indexed (or failed) while hopping
-  uint64_t sequential_shards = 0;  // switched to sequential reading
   std::string engine;              // "uring" or "threads"
 };
 

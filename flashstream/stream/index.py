@@ -11,6 +11,7 @@ The sidecar's JSON format is in :mod:`flashstream.stream.index_format`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -216,15 +217,15 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
                                    progress=True, read=read, state=state)
             except Exception as exn:  # noqa: BLE001 - raised on every rank after the exchange
                 return {}, {}, exn
-            return ({i: index.to_json() for i, index in zip(positions, part)},
+            return (dict(zip(positions, part)),
                     {positions[j]: str(exn) for j, exn in errors.items()}, None)
 
         failed: Optional[OSError] = None
 
-        def store_json(url: str, data: object) -> None:
+        def cache(url: str, index: ShardIndex) -> None:
             nonlocal failed
             try:
-                write_cached(url, ShardIndex.from_json(data, url))
+                write_cached(url, index)
             except OSError as exn:
                 failed = failed or exn  # one warning, not one per shard
                 raise
@@ -232,25 +233,21 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
         shared = share_scan(urls, missing, scan_some)
         if shared is not None:  # the ranks of the process group scanned a share each
             indexes, bad, mine = shared
-            store: List[int] = mine  # each rank caches what it scanned
+            for i in mine:  # each rank caches what it scanned
+                if i not in bad and failed is None:
+                    with contextlib.suppress(OSError):
+                        cache(urls[i], indexes[i])
         elif where is not None:  # processes on this node share the work through the cache
             indexes, bad, mine, cache_later = scan_with_locks(
-                urls, missing, scan_some, _lock_path, _read_cached_json, store_json,
+                urls, missing, scan_some, _lock_path, _read_cached, cache,
                 stopped=lambda: state.stopped)
-            store = []  # cached as each batch was scanned, under its locks
         else:  # no cache to share through: this process scans all it lacks
             indexes, bad, raised = scan_some(missing)
             if raised is not None:
                 raise raised
-            mine, store = missing, []
+            mine = missing
         for i in missing:
-            found[i] = ShardIndex.from_json(indexes[i], urls[i])
-        for i in store:
-            if i not in bad and failed is None:
-                try:
-                    write_cached(urls[i], found[i])
-                except OSError as exn:
-                    failed = exn  # one warning, not one per shard
+            found[i] = indexes[i]
         if failed is not None:
             log.warning("could not cache shard indexes in %s: %s", where, failed)
         if cache_later and sources is not None:
@@ -275,11 +272,6 @@ def load_index(urls: Sequence[str], *, settings: IOSettings, handler: Handler,
 def _lock_path(url: str) -> Optional[Path]:
     path = cached_path(url)
     return None if path is None else path.with_name(path.name + ".lock")
-
-
-def _read_cached_json(url: str) -> Tuple[Optional[object], int]:
-    index, nbytes = _read_cached(url)
-    return (None if index is None else index.to_json()), nbytes
 
 
 def _warn_scan(amount: str, shards: int, where: Optional[Path]) -> None:

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .index_share import Scan
 from .world import job_rank
 
 __all__ = ["LOCK_BATCH", "scan_with_locks"]
@@ -29,9 +30,7 @@ __all__ = ["LOCK_BATCH", "scan_with_locks"]
 #: Shards locked and scanned together (the indexer keeps many shards in flight at once).
 LOCK_BATCH = 64
 
-# scan(positions) -> (index JSON by position, error text by position, what it raised or None)
-Scan = Callable[[List[int]], Tuple[Dict[int, object], Dict[int, str], Optional[BaseException]]]
-# read(url) -> (index JSON or None, bytes read); store(url, JSON) caches it
+# read(url) -> (ShardIndex or None, bytes read); store(url, index) caches it
 Read = Callable[[str], Tuple[Optional[object], int]]
 Store = Callable[[str, object], None]
 
@@ -81,7 +80,7 @@ def scan_with_locks(urls: Sequence[str], missing: List[int], scan: Scan, lock_pa
                     stopped: Callable[[], bool] = lambda: False
                     ) -> Tuple[Dict[int, object], Dict[int, str], List[int], Dict[int, int]]:
     """Index ``missing`` (positions into ``urls``), sharing the work with other processes
-    through the cache. Returns the index JSON of every position, the scan errors, the
+    through the cache. Returns the index of every position, the scan errors, the
     positions this process scanned, and for the ones it found cached meanwhile the bytes
     read. Raises what ``scan`` raised, after letting go of its locks. Once ``stopped()`` (the
     handler ended the scan), what is left goes to ``scan`` at once, unlocked and unread from

@@ -208,8 +208,7 @@ def _indexer_scan(urls: Sequence[str], settings: IOSettings, mode: str, read: Re
         read.bytes_read += stats["bytes_read"]
         read.requests += stats["requests"]
         indexed = 0
-        for i, (outcome, offsets, ends, error, sequential, _hops, _nbytes) in zip(batch,
-                                                                                 results):
+        for i, (outcome, offsets, ends, error, sequential, _hops) in zip(batch, results):
             if outcome in ("compressed", "full_scan"):
                 left.append(i)
                 continue

@@ -21,7 +21,8 @@ __all__ = ["SHARE_ENV", "share_scan"]
 #: "0" (or "off") keeps every rank scanning for itself.
 SHARE_ENV = "FLASHSTREAM_INDEX_SHARE"
 
-# scan(positions) -> (index JSON by position, error text by position, what it raised or None)
+# scan(positions) -> (ShardIndex by position, error text by position, what it raised or None);
+# all of it travels through all_gather_object (pickled)
 Scan = Callable[[List[int]], Tuple[Dict[int, object], Dict[int, str], Optional[BaseException]]]
 
 
@@ -41,7 +42,7 @@ def share_scan(urls: Sequence[str], missing: List[int], scan: Scan
                ) -> Optional[Tuple[Dict[int, object], Dict[int, str], List[int]]]:
     """Scan ``missing`` (positions into ``urls``) across the ranks. ``scan(positions)``
     scans some of them (see ``Scan``; it must not raise: a rank that left the exchange would
-    hang the others). Returns every position's index JSON, the errors, and the positions this
+    hang the others). Returns every position's index, the errors, and the positions this
     rank scanned; raises on every rank what any rank's scan raised; None when there is no
     process group to share with (the caller scans everything itself)."""
     where = _group_size()
