@@ -16,7 +16,8 @@ rotates from round to round:
 
 Part 2, ranks: 1, 2 and 4 processes in a real gloo process group on this machine, started
 together, cold, each building ShardStream(shards) and taking its first batch of --batch-size
-samples. Where the index comes from:
+samples, in process and then through a DataLoader with --workers workers (worker start-up
+included, as a training loop meets it). Where the index comes from:
 
     sidecar     SHARD.fsidx files written beforehand by `flashstream index` (beside symlinks
                 to the shards, so a --data directory is left as it is)
@@ -122,14 +123,16 @@ def compare_methods(shards: Sequence[Path], rounds: int, device: Optional[str]
 
 # -- part 2 ------------------------------------------------------------------------------------
 def rank_child(argv: Sequence[str]) -> None:
-    """One rank: joins the group, builds the stream, takes a batch, prints JSON."""
+    """One rank: joins the group, builds the stream, takes a batch in process and one through
+    a DataLoader with workers (the training loop's path), prints JSON."""
     import torch.distributed as dist
+    from torch.utils.data import DataLoader
 
     from flashstream import ShardStream
     from flashstream.telemetry.diskstats import disk_counters
 
-    rank, world, init, urls_file, batch, device = (int(argv[0]), int(argv[1]), argv[2],
-                                                   argv[3], int(argv[4]), argv[5])
+    rank, world, init, urls_file, batch, workers, device = (
+        int(argv[0]), int(argv[1]), argv[2], argv[3], int(argv[4]), int(argv[5]), argv[6])
     urls = Path(urls_file).read_text().split("\n")
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     dist.barrier()
@@ -141,9 +144,17 @@ def rank_child(argv: Sequence[str]) -> None:
     after = disk_counters(device) if rank == 0 else None
     first = list(itertools.islice(iter(stream), batch))
     to_batch = time.perf_counter() - start
+    # The same stream through DataLoader workers, as a training loop takes it: the built
+    # stream's time plus the loader's first batch (worker start-up included).
+    loader = DataLoader(stream, batch_size=batch, num_workers=workers, collate_fn=list)
+    loader_start = time.perf_counter()
+    loader_first = next(iter(loader))
+    to_loader_batch = built + time.perf_counter() - loader_start
     info = stream.index_info
     print(json.dumps({
-        "rank": rank, "build_s": built, "first_batch_s": to_batch, "samples": len(first),
+        "rank": rank, "build_s": built, "first_batch_s": to_batch,
+        "loader_first_batch_s": to_loader_batch, "loader_samples": len(loader_first),
+        "samples": len(first),
         "index_bytes": info.get("bytes_read"), "by_source": info.get("by_source"),
         "drive_bytes": (after.read_bytes - before.read_bytes) if before and after else None}),
         flush=True)
@@ -151,7 +162,7 @@ def rank_child(argv: Sequence[str]) -> None:
     dist.destroy_process_group()
 
 
-def run_ranks(urls: Sequence[str], world: int, env: Dict[str, str], batch: int,
+def run_ranks(urls: Sequence[str], world: int, env: Dict[str, str], batch: int, workers: int,
               device: Optional[str], workdir: Path) -> Dict[str, object]:
     with tempfile.TemporaryDirectory(dir=workdir) as scratch:
         urls_file = Path(scratch) / "urls"
@@ -159,7 +170,7 @@ def run_ranks(urls: Sequence[str], world: int, env: Dict[str, str], batch: int,
         init = Path(scratch) / "init"
         procs = [subprocess.Popen(
             [sys.executable, __file__, "--rank-child", str(r), str(world), str(init),
-             str(urls_file), str(batch), device or ""], stdout=subprocess.PIPE,
+             str(urls_file), str(batch), str(workers), device or ""], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
             for r in range(world)]
         results = []
@@ -174,6 +185,7 @@ def run_ranks(urls: Sequence[str], world: int, env: Dict[str, str], batch: int,
     return {"ranks": world,
             "build_s": max(r["build_s"] for r in results),
             "first_batch_s": max(r["first_batch_s"] for r in results),
+            "loader_first_batch_s": max(r["loader_first_batch_s"] for r in results),
             "index_bytes": sum(r["index_bytes"] or 0 for r in results),
             "drive_bytes": results[0]["drive_bytes"], "per_rank": results}
 
@@ -217,7 +229,8 @@ def prepare_source(source: str, shards: Sequence[Path], workdir: Path) -> tuple:
 
 
 def compare_ranks(shards: Sequence[Path], ranks: Sequence[int], sources: Sequence[str],
-                  batch: int, device: Optional[str], workdir: Path) -> List[Dict[str, object]]:
+                  batch: int, workers: int, device: Optional[str], workdir: Path
+                  ) -> List[Dict[str, object]]:
     rows = []
     data = sum(s.stat().st_size for s in shards)
     for source in sources:
@@ -227,7 +240,7 @@ def compare_ranks(shards: Sequence[Path], ranks: Sequence[int], sources: Sequenc
             index_files = list(Path(urls[0]).parent.glob("*.fsidx")) + (
                 list(Path(cache).glob("*")) if cache != "off" else [])
             evict(list(shards) + index_files)  # cold: sidecars and cache entries too
-            row = run_ranks(urls, world, env, batch, device, workdir)
+            row = run_ranks(urls, world, env, batch, workers, device, workdir)
             row.update(source=source, index_share=row["index_bytes"] / data,
                        drive_share=(row["drive_bytes"] / data
                                     if row["drive_bytes"] is not None else None))
@@ -249,6 +262,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sources", default=",".join(SOURCES),
                    help=f"index sources for part 2, from {', '.join(SOURCES)}")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2,
+                   help="DataLoader workers per rank for the loader's first batch")
     p.add_argument("--no-ranks", action="store_true", help="part 1 only")
     p.add_argument("--json", type=Path, default=Path("bench-results/startup.json"))
     args = p.parse_args(argv)
@@ -318,16 +333,18 @@ def main(argv=None) -> int:
         _bench.print_table(rows, ["method", "seconds", "MB read", "read share", "drive share",
                                   "vs full", "samples", "hop/seq/full"])
         ranks = [] if args.no_ranks else compare_ranks(
-            shards, args.ranks, args.sources, args.batch_size, device,
+            shards, args.ranks, args.sources, args.batch_size, args.workers, device,
             args.workdir / f"{name}-ranks")
         if ranks:
             print("\nranks, cold (the slowest rank's seconds; bytes of all ranks):")
         _bench.print_table([{"source": r["source"], "ranks": r["ranks"],
                              "build s": r["build_s"], "first batch s": r["first_batch_s"],
+                             "loader batch s": r["loader_first_batch_s"],
                              "index MB": r["index_bytes"] / 1e6,
                              "index / data": r["index_share"],
                              "drive / data": r["drive_share"]} for r in ranks],
-                           ["source", "ranks", "build s", "first batch s", "index MB",
+                           ["source", "ranks", "build s", "first batch s", "loader batch s",
+                            "index MB",
                             "index / data", "drive / data"]) if ranks else None
         figures = {"hop_bytes_share": median["hop"]["bytes"] / data,
                    "full_vs_hop": median["hop"]["vs_full"],

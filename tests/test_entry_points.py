@@ -160,7 +160,7 @@ def test_startup_benchmark_compares_methods_and_ranks(tmp_path):
         write_tar(data / f"s{s}.tar", make_samples(6, sizes=[300_000], seed=s,
                                                    prefix=f"s{s}-"))
     out = run(ROOT / "benchmarks" / "startup.py", "--data", data, "--rounds", "1",
-              "--ranks", "1,2", "--sources", "sidecar,scan", "--batch-size", "4",
+              "--ranks", "1,2", "--sources", "sidecar,scan", "--batch-size", "4", "--workers", "1",
               "--workdir", tmp_path / "work", "--json", tmp_path / "o.json")
     assert "scan methods" in out and "first batch s" in out
     result = json.loads((tmp_path / "o.json").read_text())["results"]["set"]
@@ -171,5 +171,6 @@ def test_startup_benchmark_compares_methods_and_ranks(tmp_path):
     rows = {(r["source"], r["ranks"]): r for r in result["ranks"]}
     assert set(rows) == {("sidecar", 1), ("sidecar", 2), ("scan", 1), ("scan", 2)}
     assert rows[("sidecar", 2)]["index_share"] < 0.01  # only the small sidecar files
-    assert all(r["samples"] == 4 for row in rows.values() for r in row["per_rank"])
+    assert all(r["samples"] == r["loader_samples"] == 4
+               for row in rows.values() for r in row["per_rank"])
     assert not list(data.glob("*.fsidx"))  # sidecars went beside links in the workdir
