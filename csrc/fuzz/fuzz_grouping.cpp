@@ -22,6 +22,7 @@
 #include "common/errors.hpp"
 #include "fuzz/pieces.hpp"
 #include "tar/tar_scanner.hpp"
+#include "tests/tar_writer.hpp"
 
 using namespace flashstream;
 
@@ -59,34 +60,11 @@ std::vector<Member> parse(const uint8_t* data, size_t size) {
   return out;
 }
 
-void octal(char* field, size_t width, uint64_t value) {
-  std::snprintf(field, width, "%0*llo", static_cast<int>(width - 1),
-                static_cast<unsigned long long>(value));
-}
-
 std::vector<uint8_t> write_tar(const std::vector<Member>& members) {
-  std::vector<uint8_t> tar;
-  for (const Member& m : members) {
-    char h[512] = {0};
-    std::memcpy(h, m.name.data(), m.name.size());
-    octal(h + 100, 8, 0644);
-    octal(h + 108, 8, 0);
-    octal(h + 116, 8, 0);
-    octal(h + 124, 12, m.size);
-    octal(h + 136, 12, 0);
-    h[156] = '0';
-    std::memcpy(h + 257, "ustar", 6);
-    std::memcpy(h + 263, "00", 2);
-    std::memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (unsigned char c : h) sum += c;
-    std::snprintf(h + 148, 8, "%06o", sum);
-    tar.insert(tar.end(), h, h + 512);
-    tar.insert(tar.end(), m.size, m.fill);
-    tar.resize(tar.size() + (512 - m.size % 512) % 512, 0);
-  }
-  tar.resize(tar.size() + 1024, 0);
-  return tar;
+  std::string tar;
+  for (const Member& m : members) tar += fstest::tarw::member(m.name, std::string(m.size, char(m.fill)));
+  tar += fstest::tarw::kEnd;
+  return std::vector<uint8_t>(tar.begin(), tar.end());
 }
 
 // webdataset's tar_file_iterator + group_by_keys, or nullopt where it raises.

@@ -53,8 +53,12 @@ struct Outcome {
   std::string error;                                 // what() and offset, or empty
 };
 
-void take_spans(TarScanner& scanner, Outcome* out) {
+void add_spans(TarScanner& scanner, Outcome* out) {
   for (const Sample& s : scanner.samples()) out->spans.emplace_back(s.offset, s.end_offset);
+}
+
+void take_spans(TarScanner& scanner, Outcome* out) {
+  add_spans(scanner, out);
   scanner.clear_samples();
 }
 
@@ -102,12 +106,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(piece.get(), data + p.offset, p.size);
       fed += p.size;
       scanner.feed(piece.get(), p.size);
-      for (const Sample& s : scanner.samples()) full.spans.emplace_back(s.offset, s.end_offset);
+      add_spans(scanner, &full);
       consume(scanner, fed, &last_offset);
       piece.reset();  // no sample may point here any more
     }
     scanner.end_shard();
-    for (const Sample& s : scanner.samples()) full.spans.emplace_back(s.offset, s.end_offset);
+    add_spans(scanner, &full);
     consume(scanner, fed, &last_offset);
   } catch (const FormatError& e) {
     if (e.offset() > fed + 512)
@@ -116,7 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    static_cast<unsigned long long>(fed), e.what());
     fuzz::require(e.offset() <= fed + 512, "a FormatError offset past the input");
     // Samples completed before the error are delivered (the reader's salvage).
-    for (const Sample& s : scanner.samples()) full.spans.emplace_back(s.offset, s.end_offset);
+    add_spans(scanner, &full);
     full.error = std::string(e.what()) + " @" + std::to_string(e.offset());
   }
   const Outcome hopped = hop(data, size);
