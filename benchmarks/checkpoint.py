@@ -320,9 +320,10 @@ def parse_args(argv=None):
     p.add_argument("--rate", default=None,
                    help="the fixed writer's rate in bytes/s, e.g. 500MB (default: half the "
                         "unpaced writer's measured GB/s)")
-    p.add_argument("--snapshot", choices=("copy", "cow"), default="cow",
+    p.add_argument("--snapshot", choices=("auto", "copy", "cow"), default="auto",
                    help="CheckpointWriter's snapshot mode for the unpaced, fixed and auto rows "
-                        "(the 'copy' row always copies)")
+                        "(the writer's default 'auto' is 'cow' where the kernel allows it; "
+                        "the 'copy' row always copies)")
     p.add_argument("--huge-pages", action=argparse.BooleanOptionalAction, default=True,
                    help="allocate the state dict in transparent huge pages "
                         "(THP_MEM_ALLOC_ENABLE=1, torch's setting), as docs/checkpoint.md "

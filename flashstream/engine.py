@@ -9,6 +9,7 @@ above it deals in paths, ints and buffers.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from . import _core
@@ -32,6 +33,7 @@ __all__ = [
     "engine_name",
     "copy_ranges",
     "cow_available",
+    "cow_preferred",
     "cow_mode",
     "cow_snapshot",
     "histogram_bounds",
@@ -279,6 +281,26 @@ def cow_available() -> bool:
     :func:`cow_mode`) :func:`cow_snapshot` copies everything eagerly.
     """
     return bool(_core.cow_available())
+
+
+#: Linux 5.19 drops write protection from the pages a fork() child inherits ("mm/userfaultfd: fix
+#: uffd-wp special cases for fork()"); before it a child could keep protected pages with no
+#: handler behind them.
+_COW_DEFAULT_KERNEL = (5, 19)
+
+
+def cow_preferred() -> bool:
+    """Whether ``snapshot="auto"`` (the CheckpointWriter default) takes the copy-on-write path.
+
+    Needs :func:`cow_available` and a kernel from 5.19 on, where a process may fork (DataLoader
+    workers starting) while its snapshot is still being copied.
+    """
+    return cow_available() and _kernel_version() >= _COW_DEFAULT_KERNEL
+
+
+def _kernel_version() -> Tuple[int, int]:
+    numbers = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(numbers.group(1)), int(numbers.group(2))) if numbers else (0, 0)
 
 
 def cow_mode() -> str:

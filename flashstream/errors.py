@@ -72,7 +72,8 @@ class SnapshotLostError(FlashstreamError, RuntimeError):
         shown = ", ".join(repr(t) for t in self.tensors[:5])
         more = f" and {len(self.tensors) - 5} more" if len(self.tensors) > 5 else ""
         super().__init__(
-            f"checkpoint step {step} was not written: with snapshot='cow' the memory of "
+            f"checkpoint step {step} was not written: with the copy-on-write snapshot "
+            f"(snapshot='auto' or 'cow') the memory of "
             f"{shown}{more} was released (storage freed, resized, e.g. FSDP's resize_(0), or "
             f"unmapped) before the background copy reached it. Keep those storages allocated "
             f"until the save's snapshot is done, or use snapshot='copy' for them")

@@ -94,6 +94,46 @@ def test_cow_round_trip_every_kind(tmp_path):
     assert_same(state, load_checkpoint(tmp_path))
 
 
+def test_default_snapshot_is_copy_on_write_where_the_kernel_allows_it(tmp_path, monkeypatch):
+    state = {"big": torch.randn(1 << 20), "small": torch.arange(5)}
+    report = save_one(tmp_path / "a", state)
+    assert report.snapshot_mode == ("cow" if engine.cow_preferred() else "copy")
+    monkeypatch.setattr(engine, "cow_preferred", lambda: False)
+    report = save_one(tmp_path / "b", state, snapshot="auto")
+    assert report.snapshot_mode == "copy"
+    assert_same(state, load_checkpoint(tmp_path / "a"))
+    assert_same(state, load_checkpoint(tmp_path / "b"))
+
+
+def test_fork_while_the_default_snapshot_copies(tmp_path):
+    # DataLoader workers fork at each epoch's start, maybe right after a save: the child must
+    # run (its pages are its own and unprotected) and the checkpoint must hold the values as
+    # of save(), with the parent and the child both writing their tensors during the copy.
+    if not engine.cow_preferred():
+        pytest.skip("the default snapshot copies here (no full-mode userfaultfd or kernel < 5.19)")
+    state = {f"t{i}": torch.randn(16 << 20) for i in range(6)}  # 6 x 64 MiB
+    expected = {k: v.clone() for k, v in state.items()}
+    with CheckpointWriter(tmp_path) as writer:
+        handle = writer.save(state, step=1)
+        pid = os.fork()
+        if pid == 0:  # numpy, not torch: OpenMP cannot run in a child forked after using it
+            try:
+                for t in state.values():
+                    t.numpy()[:] += 1000.0
+                os._exit(0)
+            finally:
+                os._exit(1)
+        copying_at_fork = not handle.wait_snapshot(0)
+        for t in state.values():
+            t.mul_(2.0)
+        _, status = os.waitpid(pid, 0)
+        report = handle.result()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert report.snapshot_mode == "cow" and copying_at_fork
+    assert report.cow["fault_copies"] > 0  # the parent's writes met protected blocks
+    assert_same(expected, load_checkpoint(tmp_path))
+
+
 def test_cow_source_freed_after_save_fails_that_save_by_name(tmp_path):
     # FSDP frees unsharded storage with resize_(0) right after use. Under snapshot="cow" that
     # memory may not be copied yet: the save must fail naming the tensors (it crashed the

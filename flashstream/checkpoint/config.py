@@ -12,7 +12,7 @@ from .pacing import PlanSettings
 __all__ = ["AdaptiveSettings", "WriterConfig", "IF_BUSY", "SNAPSHOT_MODES"]
 
 IF_BUSY = ("wait", "skip")
-SNAPSHOT_MODES = ("copy", "cow")
+SNAPSHOT_MODES = ("auto", "copy", "cow")
 Rate = Union[None, int, float, str]
 
 
@@ -77,7 +77,8 @@ class WriterConfig:
     interval: resolution of the write timeline, seconds.
     snapshot: "copy" copies every tensor inside save(); "cow" write-protects contiguous CPU
         tensors instead and copies them in the background, a write to a page not yet copied
-        copying its block first (userfaultfd; "copy" where the kernel refuses it).
+        copying its block first (userfaultfd; "copy" where the kernel refuses it); "auto"
+        (default) is "cow" where :func:`flashstream.engine.cow_preferred`, else "copy".
     read_slo: with rate="auto", a p95 in seconds for reads on the same drive; the save slows
         while reads miss it, never below what ``within`` needs.
     deadline_policy: with rate="auto", what a save does when ``within`` cannot be met without
@@ -97,7 +98,7 @@ class WriterConfig:
     commit_timeout: float = 600.0
     interval: float = 0.05
     adaptive: AdaptiveSettings = AdaptiveSettings()
-    snapshot: str = "copy"
+    snapshot: str = "auto"
     read_slo: Optional[float] = None
     deadline_policy: str = "avoid-cliff"
 

@@ -78,8 +78,9 @@ class SaveHandle:
     def wait_snapshot(self, timeout: Optional[float] = None) -> bool:
         """Until the snapshot holds a copy of every source tensor; False on timeout.
 
-        Returns at once for ``snapshot="copy"`` (save() copied everything). With
-        ``snapshot="cow"`` the copy runs in the background: call this before freeing or
+        Returns at once when save() copied everything (``snapshot="copy"``). With the
+        copy-on-write snapshot (``"cow"``, and the default ``"auto"`` where the kernel allows
+        it) the copy runs in the background: call this before freeing or
         resizing a saved tensor's storage (FSDP's ``resize_(0)``), which would otherwise fail
         the save with ``SnapshotLostError``. Writing to the tensors needs no wait.
         """
