@@ -705,3 +705,23 @@ def test_staging_reserved_at_construction_serves_the_first_save(tmp_path, reserv
     assert_same(load_checkpoint(tmp_path), state)
     with pytest.raises(ValueError, match="reserve"):
         CheckpointWriter(tmp_path / "bad", reserve="lots")
+
+
+def test_a_state_dict_reserved_at_construction_plans_the_first_saves_layout(tmp_path,
+                                                                           monkeypatch):
+    # Planning 50,000 small tensors from scratch is most of a first save's stall: reserve=
+    # plans it at construction, and the first save only checks that its state still fits.
+    from flashstream.checkpoint import writer as writer_module
+    state = training_state(2, width=64)
+    with CheckpointWriter(tmp_path / "plain") as writer:
+        plain = writer.save(state, step=1).result().path.read_bytes()
+    with CheckpointWriter(tmp_path / "reserved", reserve=state) as writer:
+        def planned_afresh(*args, **kwargs):
+            raise AssertionError("the first save planned its layout afresh")
+        monkeypatch.setattr(writer_module, "plan", planned_afresh)
+        reserved = writer.save(state, step=1).result().path.read_bytes()
+        monkeypatch.undo()
+        state["model"]["extra"] = torch.ones(3)  # another shape: planned afresh, still right
+        writer.save(state, step=2).result()
+    assert reserved == plain  # byte for byte the file a save without reserve= writes
+    assert_same(load_checkpoint(tmp_path / "reserved"), state)
