@@ -297,6 +297,7 @@ def _save_row(report, due: float, called: float, returned: float, schedule: Sche
     return {"step": report.step, "due_s": due - zero, "called_s": called - zero,
             "done_s": returned - zero, "completion_s": done, "deadline_s": schedule.within,
             "met": done <= schedule.within, "stall_s": report.stall_s,
+            "write_start_s": report.write_start_s,
             "write_s": report.write_s, "gbps": report.bytes / max(report.write_s, 1e-9) / 1e9,
             "cliff_seconds": drive.cliff_seconds(due - zero, due - zero + schedule.gap),
             "pacing": report.pacing,
@@ -306,14 +307,16 @@ def _save_row(report, due: float, called: float, returned: float, schedule: Sche
 
 def _phases(reads, saves: List[Dict[str, object]], zero: float, start: float,
             end: float) -> Dict[str, Dict[str, object]]:
-    """The saving window's reads by what the writer was doing: the snapshot inside save(),
-    the data write, the tail (header, sync, commit, pruning), and between saves."""
+    """The saving window's reads by what the writer was doing: the snapshot (inside save(),
+    then the copy-on-write snapshot's background copy), the data write, the tail (header,
+    sync, commit, pruning), and between saves."""
     spans: Dict[str, List[float]] = {"snapshot": [], "write": [], "tail": []}
     for s in saves:
         called = s["called_s"] + zero
-        written = called + s["stall_s"] + s["write_s"]
-        spans["snapshot"] += [called, called + s["stall_s"]]
-        spans["write"] += [called + s["stall_s"], written]
+        started = called + (s["write_start_s"] or s["stall_s"])
+        written = started + s["write_s"]
+        spans["snapshot"] += [called, started]
+        spans["write"] += [started, written]
         spans["tail"] += [written, s["done_s"] + zero]
     busy = [b for bounds in spans.values() for b in bounds]
     gaps = [start] + sorted(busy) + [end]  # saves do not overlap: the rest is between them

@@ -378,7 +378,10 @@ def parse_args(argv=None):
         if args.emulate == "random" and args.seed is None:
             args.seed = random.SystemRandom().randrange(1 << 31)
         args.emulate_size = args.size
-        args.modes = _chosen(p, args.modes, _emulated.MODES, "--modes")
+        # In MODES' order whatever the order given: 'none' is the baseline auto+read_slo
+        # takes its SLO from, so it runs first.
+        args.modes = sorted(_chosen(p, args.modes, _emulated.MODES, "--modes"),
+                            key=_emulated.MODES.index)
         args.chunk_size = parse_size(args.chunk_size, name="--chunk-size")
     else:
         args.writers = _chosen(p, args.writers, WRITERS, "--writers")

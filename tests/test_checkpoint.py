@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
+import signal
 import struct
 import threading
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -98,9 +102,12 @@ def test_default_snapshot_is_copy_on_write_where_the_kernel_allows_it(tmp_path, 
     state = {"big": torch.randn(1 << 20), "small": torch.arange(5)}
     report = save_one(tmp_path / "a", state)
     assert report.snapshot_mode == ("cow" if engine.cow_preferred() else "copy")
-    monkeypatch.setattr(engine, "cow_preferred", lambda: False)
+    monkeypatch.setattr(engine, "_kernel_version", lambda: (5, 18))  # fork kept protection
+    assert not engine.cow_preferred()
     report = save_one(tmp_path / "b", state, snapshot="auto")
     assert report.snapshot_mode == "copy"
+    monkeypatch.setattr(engine, "_kernel_version", lambda: (5, 19))
+    assert engine.cow_preferred() == engine.cow_available()
     assert_same(state, load_checkpoint(tmp_path / "a"))
     assert_same(state, load_checkpoint(tmp_path / "b"))
 
@@ -126,7 +133,14 @@ def test_fork_while_the_default_snapshot_copies(tmp_path):
         copying_at_fork = not handle.wait_snapshot(0)
         for t in state.values():
             t.mul_(2.0)
-        _, status = os.waitpid(pid, 0)
+        deadline = time.monotonic() + 60
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)  # a child hanging on a protected page fails the test, not CI
+        status = ended[1]
+        if not ended[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child did not finish within 60 s")
         report = handle.result()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert report.snapshot_mode == "cow" and copying_at_fork
@@ -623,6 +637,25 @@ def test_repeated_saves_reuse_the_layout_only_while_the_state_keeps_its_shape(tm
         loaded["model"]["w"].untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("how", ["tied after a save", "reserve= built with empty_like"])
+def test_weights_tied_after_the_layout_was_planned_are_stored_once(tmp_path, how):
+    # The reused layout stored embed and head apart; once they share memory it must not be
+    # reused, or every later save stores them twice and they load untied.
+    embed, head = torch.randn(1000, 64), torch.randn(1000, 64)
+    untied = {"embed": embed, "head": head, "step": 1}
+    reserve = {k: torch.empty_like(v) if isinstance(v, torch.Tensor) else v
+               for k, v in untied.items()} if how.startswith("reserve") else None
+    with CheckpointWriter(tmp_path, keep=None, reserve=reserve) as writer:
+        if reserve is None:
+            writer.save(untied, step=1).result()
+        tied = {"embed": embed, "head": embed, "step": 2}
+        report = writer.save(tied, step=2).result()
+    assert report.bytes < embed.nbytes * 1.5  # stored once
+    loaded = load_checkpoint(tmp_path)
+    assert loaded["head"].data_ptr() == loaded["embed"].data_ptr()
+    assert torch.equal(loaded["head"], embed)
+
+
 def test_map_location_as_torch_load_takes_it(tmp_path):
     with CheckpointWriter(tmp_path) as writer:
         writer.save({"w": torch.ones(2)}, step=1).result()
@@ -725,3 +758,11 @@ def test_a_state_dict_reserved_at_construction_plans_the_first_saves_layout(tmp_
         writer.save(state, step=2).result()
     assert reserved == plain  # byte for byte the file a save without reserve= writes
     assert_same(load_checkpoint(tmp_path / "reserved"), state)
+
+    # The writer keeps the plan, not the reserve dict's tensors.
+    like = {"w": torch.zeros(1 << 16)}
+    alive = weakref.ref(like["w"])
+    with CheckpointWriter(tmp_path / "released", reserve=like):
+        del like
+        gc.collect()
+        assert alive() is None

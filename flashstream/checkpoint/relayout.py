@@ -33,10 +33,18 @@ class Plan:
     skeleton: Any
     layout: Layout
     slot_of: Dict[str, int]
+    aliased: int = 0  # stored tensors starting where another starts (a view of another dtype)
 
     @classmethod
     def of(cls, skeleton: Any, layout: Layout) -> Plan:
-        return cls(skeleton, layout, {s.name: i for i, s in enumerate(layout.slots)})
+        return cls(skeleton, layout, {s.name: i for i, s in enumerate(layout.slots)},
+                   _aliased([s.source for s in layout.slots]))
+
+
+def _aliased(sources: List[Optional[torch.Tensor]]) -> int:
+    """How many of ``sources`` (with data) start at an address another one starts at."""
+    starts = [t.data_ptr() for t in sources if t is not None and t.numel()]
+    return len(starts) - len(set(starts))
 
 
 class _Differs(Exception):
@@ -110,6 +118,10 @@ def relayout(state: Any, previous: Plan) -> Optional[Tuple[Any, List[Slot]]]:
             return None
         sources[i] = t
     if any(s is None for s in sources):
+        return None
+    # Tensors stored apart that now share memory (weights tied since the plan, or a reserve=
+    # dict built with empty_like) must be planned afresh, to be stored once and load tied.
+    if _aliased(sources) != previous.aliased:
         return None
     for ref, t, i in views:  # loads rebuild views on a contiguous base
         if not (sources[i].is_contiguous() and _still_view(t, sources[i], ref["v"])):

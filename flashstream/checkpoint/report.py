@@ -42,6 +42,9 @@ class SaveReport:
     timeline: List[Tuple[float, int, float]]
     snapshot_mode: str = "copy"  # how the snapshot was taken (copy, or cow where it applied)
     cow: Optional[Dict[str, object]] = None  # copy-on-write statistics (faults, bytes, times)
+    # Seconds from the save() call to the data write's first request: the stall, then (with
+    # copy-on-write) the background copy, then planning.
+    write_start_s: Optional[float] = None
     probe_write: Optional[ProbePoint] = None       # the probe's best sequential write
     probe_same_shape: Optional[ProbePoint] = None  # the probe's write at our request shape
     pacing: Optional[Dict[str, object]] = None  # auto: the plan, cache estimates, cliffs seen

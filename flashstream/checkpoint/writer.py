@@ -360,6 +360,7 @@ class CheckpointWriter:
         except BaseException:
             _unlink(tmp)  # created, then the space reservation failed (ENOSPC)
             raise
+        write_start = time.perf_counter()
         try:
             with controller or contextlib.nullcontext():
                 data = out.write(self._staging.view(layout.header_size, capacity),
@@ -396,6 +397,7 @@ class CheckpointWriter:
             self._tail_s = time.perf_counter() - data_end - self._prune_s
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
+        report.write_start_s = write_start - called
         with self._lock:
             self.reports.append(report)
         return report
