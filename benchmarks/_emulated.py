@@ -221,7 +221,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
     shutil.rmtree(directory, ignore_errors=True)
     writer = None if mode == BASELINE else CheckpointWriter(
         directory, keep=1, chunk_size=args.chunk_size, queue_depth=args.queue_depth,
-        **_writer_kwargs(mode, schedule, fixed_rate, read_slo))
+        snapshot=args.snapshot, **_writer_kwargs(mode, schedule, fixed_rate, read_slo))
     saves: List[Dict[str, object]] = []
     warmup = None
     try:

@@ -102,6 +102,9 @@ def test_default_snapshot_is_copy_on_write_where_the_kernel_allows_it(tmp_path, 
     state = {"big": torch.randn(1 << 20), "small": torch.arange(5)}
     report = save_one(tmp_path / "a", state)
     assert report.snapshot_mode == ("cow" if engine.cow_preferred() else "copy")
+    # A deadline needs the write to start at once, not after a background copy.
+    report = save_one(tmp_path / "deadline", state, within=0.3)
+    assert report.snapshot_mode == "copy"
     monkeypatch.setattr(engine, "_kernel_version", lambda: (5, 18))  # fork kept protection
     assert not engine.cow_preferred()
     report = save_one(tmp_path / "b", state, snapshot="auto")

@@ -296,7 +296,7 @@ class CheckpointWriter:
         with _no_cyclic_gc():  # the walk makes ~2 containers per tensor: full collections
             layout, self._plan = _layout(state_dict, step, self.rank, self.world_size,
                                          self._plan)
-        pending = snapshot(layout, self._staging, self.config.snapshot)
+        pending = snapshot(layout, self._staging, self.config.snapshot_mode)
         copied = threading.Event()
         if pending is None:
             layout.forget_sources()
