@@ -141,7 +141,8 @@ def run(args) -> int:
     payload = {"environment": info, "emulated": args.emulate, "seed": args.seed,
                "settings": settings.to_dict(),
                "schedule": dataclasses.asdict(schedule), "fixed_rate": fixed_rate,
-               "model": learned, "modes": modes, "targets": verdicts}
+               "model": learned, "modes": modes, "targets": verdicts,
+               "reader_baseline_p95_s": baseline_p95(modes)}
     _bench.write_outputs(payload, args.json, _plot_emulated.plot, args.plot)
     return 0
 
@@ -351,9 +352,14 @@ def p95_ratio(modes: Dict[str, Dict[str, object]], mode: str) -> Optional[float]
     return _ratio(reader["saving"]["p95_s"], baseline_p95(modes) or reader["idle"]["p95_s"])
 
 
+def _against(modes: Dict[str, Dict[str, object]]) -> str:
+    """What p95_ratio compares with, for labels."""
+    return "no writer" if BASELINE in modes else "idle"
+
+
 def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:
     rows = []
-    against = "no writer" if BASELINE in modes else "idle"
+    against = _against(modes)
     for mode, result in modes.items():
         idle, saving = result["reader"]["idle"], result["reader"]["saving"]
         saves = result["saves"]
@@ -381,7 +387,7 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 def check_targets(modes: Dict[str, Dict[str, object]],
                   learned: Dict[str, object]) -> Dict[str, Dict[str, object]]:
     out: Dict[str, Dict[str, object]] = {}
-    against = "no writer" if BASELINE in modes else "idle"
+    against = _against(modes)
     for key in ("cache_size", "post_cache_rate"):
         err = learned["errors"].get(key)
         out[f"model {key}: error against the emulator"] = {

@@ -58,8 +58,7 @@ def _row(ax, mode: str, result: Dict, payload: Dict) -> None:
     lat.set_yscale("log")
     lat.set_ylabel("read latency (ms)")
     # The reference: the no-writer run's p95 (the targets' baseline), else the row's idle one.
-    baseline = payload["modes"].get("none", result)["reader"]
-    reference = baseline["saving" if "none" in payload["modes"] else "idle"]["p95_s"]
+    reference = payload.get("reader_baseline_p95_s") or result["reader"]["idle"]["p95_s"]
     if reference:
         lat.axhline(reference * 1e3, color="tab:orange", lw=0.7, ls="--")
     ax.plot([], [], color="tab:orange", marker=".", ls="", label="reader latency (ms, right)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Union
 
-from .. import settings
+from .. import engine, settings
 from ..sizes import Size, parse_size
 from .pacing import PlanSettings
 
@@ -147,14 +147,15 @@ class WriterConfig:
 
     @property
     def snapshot_mode(self) -> str:
-        """What a save asks the snapshot for. "auto" turns into "copy" for a writer with a
-        deadline (``within``): the data write starts only once a copy-on-write snapshot's
-        background copy is done, which took a second of a 3.4 GiB save's 7.2 s deadline on
-        the emulated qlc drive and pushed saves into the deadline's conflict with the write
-        cache (late); copying inside save() leaves the whole deadline to the write."""
-        if self.snapshot == "auto" and self.within is not None:
-            return "copy"
-        return self.snapshot
+        """What a save asks the snapshot for: "copy" or "cow" ("auto" decided here, the one
+        place). "auto" is "cow" where :func:`engine.cow_preferred`, but "copy" for a writer
+        with a deadline (``within``): its data write starts only once a copy-on-write
+        snapshot's background copy is done, which took a second of a 3.4 GiB save's 7.2 s
+        deadline on the emulated qlc drive and pushed saves into the deadline's conflict with
+        the write cache (late); copying inside save() leaves the whole deadline to the write."""
+        if self.snapshot != "auto":
+            return self.snapshot
+        return "cow" if self.within is None and engine.cow_preferred() else "copy"
 
     @property
     def rate_mode(self) -> str:

@@ -108,14 +108,14 @@ def copy_threads() -> int:
     return _free_cores.threads()
 
 
-def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "auto") -> Optional[object]:
+def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Optional[object]:
     """Snapshot every tensor of ``layout`` into its place in ``staging`` (the training stall).
 
     Non-contiguous views, any dtype, CPU or CUDA sources. Contiguous CPU tensors are copied in
     one call to the engine (GIL released, on this thread plus the cores that were idle; not
     torch's OpenMP pool, whose per-tensor barrier stalls when other processes hold the cores).
     CUDA copies are queued non-blocking on each tensor's current stream, then waited for. With
-    ``mode="cow"`` (and ``"auto"`` where :func:`engine.cow_preferred`), contiguous CPU tensors
+    ``mode="cow"`` (``WriterConfig.snapshot_mode`` decides "auto"), contiguous CPU tensors
     are not copied now but write-protected (userfaultfd) and copied by a background thread; a
     write to a page not yet copied copies its block first. Either way, when this returns the
     caller may modify its tensors and staging ends up with the values as of now.
@@ -123,7 +123,7 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "auto") -> Opti
     Returns the pending copy-on-write snapshot (``wait()`` before reading staging; the sources
     must stay alive until then), or None when everything was copied.
     """
-    lazy = engine.cow_available() if mode == "cow" else mode == "auto" and engine.cow_preferred()
+    lazy = mode == "cow" and engine.cow_available()
     # With copy-on-write most bytes are copied in the background: let that copy fault the
     # staging pages in, not the stall (2 GiB populated took about 1 s of a first save).
     staging.reserve(-(-layout.file_size // staging.alignment) * staging.alignment,
