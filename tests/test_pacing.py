@@ -212,7 +212,15 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
     gap = 1.2 * settings.cache_size / (0.85 * settings.drain_rate)
     with DriveEmulator(tmp_path, settings) as drive:
         drive.add_process()
-        model = learn_sustained(tmp_path, 3 * settings.cache_size)
+        # A measurement on a shared disk: one noisy probe may miss (cache estimates of -27% and
+        # +39% came once each and did not replay), so a miss is measured once more, on a cache
+        # drained empty again; a real bias misses both times.
+        for attempt in range(2):
+            model = learn_sustained(tmp_path, 3 * settings.cache_size)
+            if model.cache_size and abs(model.cache_size / settings.cache_size - 1) <= 0.2:
+                break
+            info += f"; attempt {attempt + 1} estimated {model.cache_size}"
+            time.sleep(2 * settings.cache_size / settings.drain_rate + 1)
         assert model.has_cliff, info
         # Small caches at test scale: what is in flight at the cliff weighs more than at
         # full scale (docs/emulation.md gives the figures measured there).
