@@ -57,8 +57,11 @@ def _row(ax, mode: str, result: Dict, payload: Dict) -> None:
                 color="tab:orange", label="reader latency (ms)")
     lat.set_yscale("log")
     lat.set_ylabel("read latency (ms)")
-    # The reference: the no-writer run's p95 (the targets' baseline), else the row's idle one.
-    reference = payload.get("reader_baseline_p95_s") or result["reader"]["idle"]["p95_s"]
+    # The reference: the targets' baseline, the row's own quiet p95 (older JSON: the no-writer
+    # run's, else the row's idle one).
+    reader = result["reader"]
+    reference = ((reader.get("quiet") or {}).get("p95_s") or payload.get("reader_baseline_p95_s")
+                 or reader["idle"]["p95_s"])
     if reference:
         lat.axhline(reference * 1e3, color="tab:orange", lw=0.7, ls="--")
     ax.plot([], [], color="tab:orange", marker=".", ls="", label="reader latency (ms, right)")

@@ -690,10 +690,10 @@ void put_latency(nb::dict& d, const BulkStats& s) {
 // could call close() meanwhile: `busy_` (OneCallAtATime) refuses that.
 class PyOutputFile {
  public:
-  PyOutputFile(nb::bytes path, uint64_t size, bool direct) {
+  PyOutputFile(nb::bytes path, uint64_t size, bool direct, bool existing) {
     std::string p(path.c_str(), path.size());
     nb::gil_scoped_release release;  // fallocate may take a while
-    file_ = std::make_unique<OutputFile>(p, size, direct);
+    file_ = std::make_unique<OutputFile>(p, size, direct, existing);
   }
 
   nb::dict write(nb::handle data, uint64_t offset, size_t chunk_size, unsigned queue_depth,
@@ -971,8 +971,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("rate", &Pacer::rate);
 
   nb::class_<PyOutputFile>(m, "OutputFile")
-      .def(nb::init<nb::bytes, uint64_t, bool>(), nb::arg("path"), nb::arg("size"),
-           nb::arg("direct"))
+      .def(nb::init<nb::bytes, uint64_t, bool, bool>(), nb::arg("path"), nb::arg("size"),
+           nb::arg("direct"), nb::arg("existing") = false)
       .def("write", &PyOutputFile::write, nb::arg("data"), nb::arg("offset"),
            nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),
            nb::arg("rate") = 0.0, nb::arg("adaptive").none() = nb::none(),

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -354,10 +355,15 @@ class _Direct:
 class PythonOutputFile:
     """The reference ``OutputFile``: ``os.pwrite`` on ``queue_depth`` threads."""
 
-    def __init__(self, path: str, size: int, direct: bool, *, kernels: Kernels) -> None:
+    def __init__(self, path: str, size: int, direct: bool, *, kernels: Kernels,
+                 existing: bool = False) -> None:
         self._kernels = kernels
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        flags = (os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC if existing
+                 else os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
+        fd = os.open(path, flags, 0o644)
         try:
+            if existing and not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "open (not a regular file)", path)
             if size > 0:
                 try:
                     os.posix_fallocate(fd, 0, size)
@@ -367,7 +373,8 @@ class PythonOutputFile:
             self._file: Optional[_Direct] = _Direct(fd, path, direct)
         except BaseException:
             os.close(fd)
-            os.unlink(path)  # ours (O_EXCL), and nothing was written
+            if not existing:
+                os.unlink(path)  # ours (O_EXCL), and nothing was written
             raise
         self.path = path
         self.alignment = (_ALIGN, _ALIGN)

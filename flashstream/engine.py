@@ -141,8 +141,9 @@ _WRITE_DEPTH = 8
 class _NativeOutputFile:
     """``OutputFile`` on the C++ core; the engine is picked anew by each write."""
 
-    def __init__(self, path: PathLike, size: int, engine: str, direct: bool) -> None:
-        self._file = _core.OutputFile(os.fsencode(path), int(size), bool(direct))
+    def __init__(self, path: PathLike, size: int, engine: str, direct: bool,
+                 existing: bool = False) -> None:
+        self._file = _core.OutputFile(os.fsencode(path), int(size), bool(direct), bool(existing))
         self._engine = engine
 
     def write(self, data: Any, offset: int = 0, *, chunk_size: int = _WRITE_CHUNK,
@@ -187,16 +188,23 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
 
 
-def open_output(path: PathLike, size: int, *, engine: str, direct: bool) -> OutputFile:
+def open_output(path: PathLike, size: int, *, engine: str, direct: bool,
+                existing: bool = False) -> OutputFile:
     """Create ``path`` (it must not exist) with ``size`` bytes reserved, for writing from memory.
+
+    ``existing``: open the regular file already at ``path`` instead, to write over its blocks
+    (a recycled file: the filesystem allocates nothing it already holds, and frees nothing, so a
+    drive mounted with online discard gets no discards). Its old bytes stay until overwritten;
+    ``commit`` cuts the file to the size written.
 
     O_DIRECT where the filesystem allows it and ``direct`` asks for it (``.direct`` says which
     happened). A full disk raises OSError(ENOSPC) here, before any data is written.
     """
     _check_engine(engine)
     if engine == "python":
-        return PythonOutputFile(os.fspath(path), int(size), bool(direct), kernels=_KERNELS)
-    return _NativeOutputFile(path, size, engine, direct)
+        return PythonOutputFile(os.fspath(path), int(size), bool(direct), kernels=_KERNELS,
+                                existing=bool(existing))
+    return _NativeOutputFile(path, size, engine, direct, existing)
 
 
 def read_into(path: PathLike, buffer: Any, length: int, *, engine: str, chunk_size: int,

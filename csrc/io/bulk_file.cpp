@@ -388,14 +388,23 @@ BulkStats Transfer::run() {
 
 }  // namespace
 
-OutputFile::OutputFile(const std::string& path, uint64_t size, bool want_direct) : path_(path) {
+OutputFile::OutputFile(const std::string& path, uint64_t size, bool want_direct, bool existing)
+    : path_(path) {
   // Created buffered, then switched to O_DIRECT: a filesystem that refuses O_DIRECT at open
   // (tmpfs, ramfs) would otherwise leave the file created, and a buffered retry with O_EXCL
   // would then fail with EEXIST.
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int flags = existing ? O_WRONLY | O_NOFOLLOW | O_CLOEXEC
+                             : O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+  fd_ = ::open(path.c_str(), flags, 0644);
   if (fd_ < 0) throw_io_error(errno, "open", path);
   try {
+    if (existing) {
+      struct stat st;
+      if (::fstat(fd_, &st) != 0) throw_io_error(errno, "fstat", path);
+      if (!S_ISREG(st.st_mode)) throw_io_error(EINVAL, "open (not a regular file)", path);
+    }
     // Reserve the space first: a full disk fails here, at once, before any data is written.
+    // (On an existing file only what lies beyond its allocated blocks is new.)
     if (size > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0 &&
         errno != EOPNOTSUPP && errno != ENOSYS)
       throw_io_error(errno, "fallocate", path, 0);
@@ -408,7 +417,7 @@ OutputFile::OutputFile(const std::string& path, uint64_t size, bool want_direct)
     if (direct_) align_ = query_dio_alignment(fd_);
   } catch (...) {
     ::close(fd_);
-    ::unlink(path.c_str());  // ours (O_EXCL), and nothing was written
+    if (!existing) ::unlink(path.c_str());  // ours (O_EXCL), and nothing was written
     fd_ = -1;
     throw;
   }

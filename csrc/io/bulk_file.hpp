@@ -57,7 +57,10 @@ struct BulkStats {
 // the reservation. The file is created new (O_EXCL); the destructor closes it without syncing.
 class OutputFile {
  public:
-  OutputFile(const std::string& path, uint64_t size, bool want_direct);
+  // Creates `path` (it must not exist), or with `existing` opens the regular file already
+  // there to write over its blocks (a recycled checkpoint file: no block allocation, and no
+  // discard of the old file's blocks). Either way `size` bytes are reserved (fallocate).
+  OutputFile(const std::string& path, uint64_t size, bool want_direct, bool existing = false);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;

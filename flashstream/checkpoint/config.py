@@ -66,6 +66,11 @@ class WriterConfig:
         slower of the two applies). With rate="auto" it is the save's deadline, counted from
         the save() call to the committed checkpoint.
     keep: complete checkpoints to keep (None: all); older ones are removed after each commit.
+    recycle: with ``keep``, a pruned checkpoint's file is kept as a spare and the next save
+        writes over it instead of freeing its blocks and allocating new ones: no discards and
+        no block allocation while reads share the drive. Between saves the directory then
+        holds ``keep`` checkpoints and one spare per rank (the same peak as without: a save
+        always needs room for ``keep`` + 1); ``close()`` removes the spares.
     if_busy: what save() does while the previous save is still writing: "wait" or "skip".
     chunk_size, queue_depth: write request size and requests in flight.
     paced_chunk_size: request size while a rate is in force (a fixed rate, ``within``, or
@@ -90,6 +95,7 @@ class WriterConfig:
     rate: Rate = None
     within: Optional[float] = None
     keep: Optional[int] = 3
+    recycle: bool = True
     if_busy: str = "wait"
     chunk_size: Size = "8MiB"
     paced_chunk_size: Size = "1MiB"
@@ -125,6 +131,8 @@ class WriterConfig:
         if self.keep is not None and (isinstance(self.keep, bool) or not isinstance(self.keep, int)
                                       or self.keep < 1):
             raise ValueError(f"keep must be None (keep all) or an int >= 1, got {self.keep!r}")
+        if not isinstance(self.recycle, bool):
+            raise ValueError(f"recycle must be True or False, got {self.recycle!r}")
         if self.if_busy not in IF_BUSY:
             raise ValueError(f"if_busy must be one of {', '.join(IF_BUSY)}; got {self.if_busy!r}")
         if not self.commit_timeout > 0:

@@ -45,6 +45,8 @@ class SaveReport:
     # Seconds from the save() call to the data write's first request: the stall, then (with
     # copy-on-write) the background copy, then planning.
     write_start_s: Optional[float] = None
+    # The file was a pruned checkpoint's (recycle=True), written over: no block allocation.
+    recycled: bool = False
     probe_write: Optional[ProbePoint] = None       # the probe's best sequential write
     probe_same_shape: Optional[ProbePoint] = None  # the probe's write at our request shape
     pacing: Optional[Dict[str, object]] = None  # auto: the plan, cache estimates, cliffs seen
@@ -106,7 +108,8 @@ class SaveReport:
                       + (f" (+{self.busy_wait_s * 1e3:,.1f} ms waiting for the previous save)"
                          if self.busy_wait_s > 1e-3 else "")),
             ("write", f"{self.write_s:.2f} s + sync {self.sync_s:.2f} s = {self.gbps:.3f} GB/s "
-                      f"({pacing}; paused {self.paused_s:.2f} s)"),
+                      f"({pacing}; paused {self.paused_s:.2f} s)"
+                      + ("; over a recycled file" if self.recycled else "")),
             ("engine", f"{self.engine}, {'O_DIRECT' if self.direct else 'buffered fallback'}, "
                        f"{format_size(self.chunk_size)} x {self.queue_depth} in flight"),
             ("write latency", f"p50/p95/p99 {pct} ms per request (n={lat['count']:,})"),

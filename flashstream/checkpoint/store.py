@@ -9,11 +9,20 @@
             rank-00001-of-00002.safetensors
             rank-00001-of-00002.done
         latest                                  "step-000000100": newest complete checkpoint
+        .spare-rank-00000                       a pruned checkpoint's file, kept for the
+                                                rank's next save to write over (recycle=True)
 
 A rank's file is written under a temporary name, synced, renamed, and the directory synced;
 only then is its marker written (the same way). A checkpoint is complete when every rank's
 marker exists, and only complete checkpoints are ever loaded: a crash at any moment leaves at
 worst an incomplete step directory or a temporary file, which later saves clean up.
+
+Recycling: pruning a checkpoint renames its files to spares (markers first, so the step is
+incomplete before any file leaves it) instead of freeing their blocks, and the rank's next save
+renames its spare to its temporary name and writes over it. The drive then never sees the
+discards of a large delete (reads beside one unlink of 1 GiB went from 1.7 to 22 ms p95 here)
+nor the extent conversions of writing a new file (paced reads' p95 1.7 x idle beside a new
+file, 1.2 x beside an overwrite, same rate); see docs/checkpoint.md.
 """
 
 from __future__ import annotations
@@ -29,17 +38,20 @@ import shutil
 import stat
 import warnings
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Callable, List, Optional, Union
 
 from ..retrieval.mapping import mappings_of
 
 __all__ = ["CheckpointInfo", "StepDir", "WriterLock", "atomic_write_text", "by_commit",
-           "fsync_dir", "list_checkpoints", "newest_complete", "prune", "read_latest",
-           "remove_stale_temporaries", "write_latest"]
+           "claim_spare", "fsync_dir", "list_checkpoints", "newest_complete", "prune",
+           "read_latest", "remove_spares", "remove_stale_temporaries", "spare_file",
+           "write_latest"]
 
 PathLike = Union[str, os.PathLike]
 _STEP = re.compile(r"^step-(\d+)$")
 _MARKER = re.compile(r"^rank-(\d+)-of-(\d+)\.done$")
+_RANK_FILE = re.compile(r"^rank-(\d+)-of-(\d+)\.safetensors$")
+_SPARE = re.compile(r"^\.spare-rank-(\d+)$")
 TEMP_SUFFIX = ".tmp"
 
 
@@ -194,25 +206,84 @@ def write_latest(directory: PathLike, info: CheckpointInfo) -> None:
 TRIM_SLICE = 8 << 20
 
 
-def remove_step(path: Path, *, gradual: bool = False) -> None:
+def remove_step(path: Path, *, gradual: bool = False, recycle: bool = False) -> None:
     """Markers first, so a removal cut short leaves an incomplete step, never a broken one.
 
     ``gradual``: shrink each large file by :data:`TRIM_SLICE` at a time, syncing each step,
     before unlinking it. On a filesystem mounted with online discard, freeing a whole
     checkpoint at once sends the drive one long discard, and reads on it queue behind that;
     in slices the discards interleave with the reads. It takes about as long as the unlink.
+
+    ``recycle``: each rank's file becomes that rank's spare (:func:`spare_file`) where the rank
+    has none yet, to be written over by its next save; nothing is freed. A file some process of
+    this machine has open or mapped is never recycled (writing over it would change the bytes
+    under that reader): it is removed like the rest.
     """
     for name in sorted(os.listdir(path)):
         if _MARKER.match(name):
             os.unlink(path / name)
-    if gradual:
+    if gradual or recycle:
         files = [path / name for name in sorted(os.listdir(path))]
         busy = _open_elsewhere(files)
         for file in files:
-            if file not in busy:  # shrinking a file another process maps would SIGBUS it
+            if file in busy:  # shrinking a file another process maps would SIGBUS it
+                continue
+            if recycle and _to_spare(file):
+                continue
+            if gradual:
                 with contextlib.suppress(OSError):  # rmtree below removes what is left
                     _shrink(file)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def spare_file(directory: PathLike, rank: int) -> Path:
+    """Where a pruned checkpoint's file for ``rank`` waits to be written over."""
+    return Path(directory) / f".spare-rank-{rank:05d}"
+
+
+def _to_spare(file: Path) -> bool:
+    """Rename a rank's checkpoint file to that rank's spare, unless the rank has one."""
+    match = _RANK_FILE.match(file.name)
+    if not match:
+        return False
+    spare = spare_file(file.parent.parent, int(match.group(1)))
+    if spare.exists():
+        return False
+    try:
+        os.rename(file, spare)
+    except OSError:
+        return False
+    return True
+
+
+def claim_spare(directory: PathLike, rank: int, target: Path) -> bool:
+    """Move ``rank``'s spare (if any) to ``target``, a temporary name of the next save.
+    Atomic: of two claimers one gets the file, the other False."""
+    try:
+        os.rename(spare_file(directory, rank), target)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def remove_spares(directory: PathLike, ranks: Optional[Callable[[int], bool]] = None, *,
+                  gradual: bool = False) -> List[Path]:
+    """Delete the spares under ``directory`` of the ranks ``ranks`` accepts (None: all);
+    ``gradual`` as in :func:`remove_step`. Returns what was removed."""
+    removed = []
+    root = Path(directory)
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(root)):
+            match = _SPARE.match(name)
+            if not match or (ranks is not None and not ranks(int(match.group(1)))):
+                continue
+            if gradual:
+                with contextlib.suppress(OSError):
+                    _shrink(root / name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / name)
+            removed.append(root / name)
+    return removed
 
 
 def _open_elsewhere(files: List[Path], proc: str = "/proc") -> set:
@@ -255,12 +326,13 @@ def _shrink(file: Path) -> None:
 
 
 def prune(directory: PathLike, keep: Optional[int], *, gradual: bool = False,
-          newest: Optional[int] = None) -> List[Path]:
+          newest: Optional[int] = None, recycle: bool = False) -> List[Path]:
     """Keep the newest ``keep`` complete checkpoints; remove older ones and older incomplete
     leftovers. Incomplete steps newer than the newest complete one may still be in progress
     on other ranks and are left alone. Returns what was removed. ``gradual``: see
     :func:`remove_step`. ``newest``: the step just committed, the newest whatever the
-    markers' clocks say (they come from other hosts and runs), so it is never removed."""
+    markers' clocks say (they come from other hosts and runs), so it is never removed.
+    ``recycle``: a complete checkpoint's files become spares (see :func:`remove_step`)."""
     checkpoints = list_checkpoints(directory)
     complete = by_commit(checkpoints)
     if newest is not None:
@@ -276,7 +348,7 @@ def prune(directory: PathLike, keep: Optional[int], *, gradual: bool = False,
         # higher steps go first); incomplete ones only below the newest step committed.
         if c.step in keep_steps or (not c.complete and c.step >= newest):
             continue
-        remove_step(c.path, gradual=gradual)
+        remove_step(c.path, gradual=gradual, recycle=recycle and c.complete)
         removed.append(c.path)
     return removed
 

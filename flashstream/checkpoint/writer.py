@@ -42,10 +42,12 @@ from .store import (
     StepDir,
     WriterLock,
     atomic_write_text,
+    claim_spare,
     fsync_dir,
     inspect_step,
     list_checkpoints,
     prune,
+    remove_spares,
     remove_stale_temporaries,
     write_latest,
 )
@@ -62,6 +64,9 @@ _FIRST_PRUNE_S_PER_BYTE = 0.25e-9
 # The same, a slice at a time on an online-discard filesystem (store.remove_step): 3.6 GB took
 # about 1.2 s on the emulated qlc benchmark here.
 _FIRST_GRADUAL_PRUNE_S_PER_BYTE = 0.35e-9
+# Recycling the pruned checkpoint's file instead (renames, a scan of /proc for readers of it):
+# milliseconds whatever its size; this allows 10 ms per GB.
+_FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
 
 
 class SaveHandle:
@@ -222,7 +227,7 @@ class CheckpointWriter:
     >>> ...  # training goes on; the tensors may change now
     >>> handle.result()  # optional: wait for this one (writer.close() waits for all)
 
-    Keyword arguments are those of :class:`WriterConfig` (rate, within, keep, if_busy,
+    Keyword arguments are those of :class:`WriterConfig` (rate, within, keep, recycle, if_busy,
     chunk_size, paced_chunk_size, queue_depth, engine, direct, commit_timeout, interval,
     adaptive, snapshot, read_slo, deadline_policy), plus ``rank``
     and ``world_size`` (default: torch.distributed's when initialized, else 0 of 1),
@@ -265,7 +270,8 @@ class CheckpointWriter:
         # Seconds from the last data byte to the save's end (header, sync, commit): with
         # rate="auto" the data write must leave that much of ``within`` over.
         self._tail_s = _FIRST_TAIL_S
-        self._prune_s_per_byte = (_FIRST_GRADUAL_PRUNE_S_PER_BYTE if self._online_discard
+        self._prune_s_per_byte = (_FIRST_RECYCLE_S_PER_BYTE if self.config.recycle
+                                  else _FIRST_GRADUAL_PRUNE_S_PER_BYTE if self._online_discard
                                   else _FIRST_PRUNE_S_PER_BYTE)
         self._prune_s = 0.0  # the last save's pruning (part of its tail, timed apart)
 
@@ -355,10 +361,13 @@ class CheckpointWriter:
         if controller is not None:
             adaptive, rate = None, 0.0  # the model's plan sets the pace
         start_fill = controller.planner.fill if controller else (model.fill_at() if model else 0)
+        # A pruned checkpoint's file, written over: no blocks to allocate, none to discard.
+        recycled = cfg.recycle and claim_spare(self.directory, self.rank, tmp)
         try:
-            out = engine.open_output(tmp, capacity, engine=cfg.engine, direct=cfg.direct)
+            out = engine.open_output(tmp, capacity, engine=cfg.engine, direct=cfg.direct,
+                                     existing=recycled)
         except BaseException:
-            _unlink(tmp)  # created, then the space reservation failed (ENOSPC)
+            _unlink(tmp)  # created (or claimed), then the space reservation failed (ENOSPC)
             raise
         write_start = time.perf_counter()
         try:
@@ -398,6 +407,7 @@ class CheckpointWriter:
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
         report.write_start_s = write_start - called
+        report.recycled = recycled
         with self._lock:
             self.reports.append(report)
         return report
@@ -458,7 +468,7 @@ class CheckpointWriter:
         write_latest(self.directory, info)
         started = time.perf_counter()
         if prune(self.directory, self.config.keep, gradual=self._online_discard,
-                 newest=step_dir.step):
+                 newest=step_dir.step, recycle=self.config.recycle):
             self._prune_s = time.perf_counter() - started
             self._prune_s_per_byte = self._prune_s / max(file_size, 1)
 
@@ -495,10 +505,23 @@ class CheckpointWriter:
         self._closed = True
         try:
             self._executor.shutdown(wait=True)
+            self._remove_spares()
         finally:
             self._lock_file.release()
         self._staging.release()
         self._raise_unobserved(self._pending)
+
+    def _remove_spares(self) -> None:
+        """A finished writer leaves only checkpoints: its rank's spare goes (and on rank 0,
+        those of ranks beyond this world size, which no writer would claim)."""
+        if not self.config.recycle:
+            return
+        world, rank = self.world_size, self.rank
+        try:
+            remove_spares(self.directory, lambda r: r == rank or (rank == 0 and r >= world),
+                          gradual=self._online_discard)
+        except OSError as exn:  # spares are scratch space: never fail a close over one
+            log.warning("flashstream: could not remove the spare checkpoint file: %s", exn)
 
     def __enter__(self) -> CheckpointWriter:
         return self
