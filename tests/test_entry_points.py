@@ -174,3 +174,18 @@ def test_startup_benchmark_compares_methods_and_ranks(tmp_path):
     assert all(r["samples"] == r["loader_samples"] == 4
                for row in rows.values() for r in row["per_rank"])
     assert not list(data.glob("*.fsidx"))  # sidecars went beside links in the workdir
+
+
+def test_reads_beside_writes_benchmark_runs_every_condition(tmp_path):
+    out_json = tmp_path / "o.json"
+    out = run(ROOT / "benchmarks" / "reads_beside_writes.py", "--dir", tmp_path / "d",
+              "--rounds", "2", "--window", "0.3", "--rate", "40MB", "--json", out_json)
+    assert "p95 x idle" in out
+    result = json.loads(out_json.read_text())
+    conditions = result["conditions"]
+    assert list(conditions) == ["idle", "write-new", "write-over", "free-unlink",
+                                "free-gradual"]
+    assert conditions["idle"]["p95_x_idle"] == 1.0
+    assert all(c["reads"] > 0 and len(c["p95_x_idle_per_round"]) == 2
+               for c in conditions.values())
+    assert not (tmp_path / "d" / "files").exists()  # its scratch files are gone
