@@ -358,7 +358,9 @@ class PythonOutputFile:
     def __init__(self, path: str, size: int, direct: bool, *, kernels: Kernels,
                  existing: bool = False) -> None:
         self._kernels = kernels
-        flags = (os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC if existing
+        # O_RDWR for an existing file: where the filesystem has no fallocate, glibc's
+        # posix_fallocate falls back to reading and rewriting each block.
+        flags = (os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC if existing
                  else os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
         fd = os.open(path, flags, 0o644)
         try:

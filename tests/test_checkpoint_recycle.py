@@ -186,3 +186,40 @@ def test_open_output_existing_writes_over_a_file_and_cuts_it_at_commit(tmp_path,
     with pytest.raises(OSError):
         engine.open_output(tmp_path, 4096, engine=name, direct=True, existing=True)
     assert tmp_path.is_dir()  # a refused open removes nothing
+
+
+def test_a_hard_linked_checkpoint_is_never_written_over(tmp_path):
+    with CheckpointWriter(tmp_path / "ckpt", keep=1) as writer:
+        first = writer.save(_state(1), step=1).result()
+        kept = tmp_path / "kept.safetensors"
+        os.link(first.path, kept)  # a copy someone kept, sharing the blocks
+        before = kept.read_bytes()
+        reports = [writer.save(_state(step), step=step).result() for step in range(2, 5)]
+        assert [r.recycled for r in reports] == [False, False, True]
+    assert kept.read_bytes() == before
+
+
+def test_a_spare_someone_opened_after_the_prune_is_not_written_over(tmp_path):
+    with CheckpointWriter(tmp_path, keep=1) as writer:
+        writer.save(_state(1), step=1).result()
+        writer.save(_state(2), step=2).result()  # step 1 is now the spare
+        with open(store.spare_file(tmp_path, 0), "rb") as late_reader:
+            before = late_reader.read(1 << 16)
+            report = writer.save(_state(3), step=3).result()
+            assert not report.recycled
+            late_reader.seek(0)
+            assert late_reader.read(1 << 16) == before
+    assert_same(_state(3), load_checkpoint(tmp_path))
+
+
+def test_spares_are_gone_whichever_rank_closes_first(tmp_path):
+    """Rank 0 prunes, so it makes rank 1's spare, possibly after rank 1 closed."""
+    writers = {r: CheckpointWriter(tmp_path, keep=1, rank=r, world_size=2) for r in (0, 1)}
+    for step in (1, 2, 3):
+        writers[1].save({"r": torch.full((1 << 16,), 1)}, step=step).result()
+        if step == 3:
+            writers[1].close()  # done before rank 0 commits and prunes step 2
+        writers[0].save({"r": torch.full((1 << 16,), 0)}, step=step).result()
+    assert store.spare_file(tmp_path, 1).exists()  # made by rank 0's last prune
+    writers[0].close()
+    assert not list(tmp_path.glob(".spare-*"))

@@ -224,7 +224,7 @@ def remove_step(path: Path, *, gradual: bool = False, recycle: bool = False) -> 
             os.unlink(path / name)
     if gradual or recycle:
         files = [path / name for name in sorted(os.listdir(path))]
-        busy = _open_elsewhere(files)
+        busy = _open_elsewhere(files, strict=recycle)
         for file in files:
             if file in busy:  # shrinking a file another process maps would SIGBUS it
                 continue
@@ -242,9 +242,14 @@ def spare_file(directory: PathLike, rank: int) -> Path:
 
 
 def _to_spare(file: Path) -> bool:
-    """Rename a rank's checkpoint file to that rank's spare, unless the rank has one."""
+    """Rename a rank's checkpoint file to that rank's spare, unless the rank has one, or the
+    file has another name too (a hard link someone kept: writing over it would change that
+    copy, which an unlink leaves whole)."""
     match = _RANK_FILE.match(file.name)
-    if not match:
+    try:
+        if not match or os.lstat(file).st_nlink != 1:
+            return False
+    except OSError:
         return False
     spare = spare_file(file.parent.parent, int(match.group(1)))
     if spare.exists():
@@ -258,10 +263,15 @@ def _to_spare(file: Path) -> bool:
 
 def claim_spare(directory: PathLike, rank: int, target: Path) -> bool:
     """Move ``rank``'s spare (if any) to ``target``, a temporary name of the next save.
-    Atomic: of two claimers one gets the file, the other False."""
+    Atomic: of two claimers one gets the file, the other False. A reader that opened the
+    pruned file after the pruning's scan and before its rename still holds it: looked for again
+    here, and such a file is unlinked (whole, for that reader) instead of written over."""
     try:
         os.rename(spare_file(directory, rank), target)
     except FileNotFoundError:
+        return False
+    if _open_elsewhere([target], strict=True):
+        os.unlink(target)
         return False
     return True
 
@@ -286,10 +296,12 @@ def remove_spares(directory: PathLike, ranks: Optional[Callable[[int], bool]] = 
     return removed
 
 
-def _open_elsewhere(files: List[Path], proc: str = "/proc") -> set:
+def _open_elsewhere(files: List[Path], proc: str = "/proc", *, strict: bool = False) -> set:
     """Those of ``files`` that a process of this machine has open or mapped (an eval job
     that loaded with mmap=True, a loader mid-read): they are unlinked whole, which keeps their
-    data for those readers; shrinking them would cut it away under them."""
+    data for those readers; shrinking them would cut it away under them. ``strict``: a process
+    whose open files this one may not list (another user's, without root) makes every file
+    count as busy, since any of them might be its."""
     stats = {}
     for file in files:
         with contextlib.suppress(OSError):
@@ -301,8 +313,15 @@ def _open_elsewhere(files: List[Path], proc: str = "/proc") -> set:
     for pid in filter(str.isdigit, os.listdir(proc)):
         maps = os.path.join(proc, pid, "maps")
         busy.update(f for f, st in stats.items() if f not in busy and mappings_of(st, maps))
+        fd_dir = os.path.join(proc, pid, "fd")
+        if strict:
+            try:
+                os.listdir(fd_dir)
+            except PermissionError:
+                return set(stats)
+            except OSError:
+                pass  # the process has exited
         with contextlib.suppress(OSError):
-            fd_dir = os.path.join(proc, pid, "fd")
             for fd in os.listdir(fd_dir):
                 with contextlib.suppress(OSError):
                     st = os.stat(os.path.join(fd_dir, fd))

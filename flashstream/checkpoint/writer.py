@@ -512,13 +512,12 @@ class CheckpointWriter:
         self._raise_unobserved(self._pending)
 
     def _remove_spares(self) -> None:
-        """A finished writer leaves only checkpoints: its rank's spare goes (and on rank 0,
-        those of ranks beyond this world size, which no writer would claim)."""
-        if not self.config.recycle:
-            return
-        world, rank = self.world_size, self.rank
+        """A finished writer leaves only checkpoints: its rank's spare goes, and on rank 0
+        every rank's (rank 0 prunes, so it makes the other ranks' spares, often after those
+        ranks have closed). Also with recycle=False: an earlier run's spares."""
+        rank = self.rank
         try:
-            remove_spares(self.directory, lambda r: r == rank or (rank == 0 and r >= world),
+            remove_spares(self.directory, None if rank == 0 else (lambda r: r == rank),
                           gradual=self._online_discard)
         except OSError as exn:  # spares are scratch space: never fail a close over one
             log.warning("flashstream: could not remove the spare checkpoint file: %s", exn)
