@@ -45,15 +45,15 @@ import math
 import os
 import random
 import shutil
-import statistics
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import _bench
 import _open_loop
 import _plot_emulated
 import _savers
+from _open_loop import latency_summary
 from tqdm import tqdm
 
 from flashstream import CheckpointWriter
@@ -293,7 +293,6 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                                            after, after + IDLE_S),
                    "idle_before": latency_summary(reads, begin + WARMUP_S, first_due),
                    "idle_after": latency_summary(reads, after, after + IDLE_S),
-                   "saving": latency_summary(reads, first_due, busy_end),
                    "writing": latency_summary(reads, *[t for span in writing for t in span]),
                    # The first scheduled save writes a new file: nothing was pruned before
                    # it. From the second on, each writes over a recycled one (recycle=True).
@@ -366,18 +365,6 @@ def _phases(reads, saves: List[Dict[str, object]], zero: float, start: float,
     out["between"] = latency_summary(reads, *[b for pair in zip(gaps[::2], gaps[1::2])
                                               for b in pair])
     return out
-
-
-def latency_summary(reads: Sequence[Tuple[float, float]], *bounds: float) -> Dict[str, object]:
-    """p50/p95/p99 (seconds) of the reads due in [bounds[0], bounds[1]) (and in each further
-    pair of bounds)."""
-    spans = list(zip(bounds[::2], bounds[1::2]))
-    lat = sorted(latency for due, latency in reads if any(a <= due < b for a, b in spans))
-    if not lat:
-        return {"reads": 0, "p50_s": None, "p95_s": None, "p99_s": None, "max_s": None}
-    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
-    return {"reads": len(lat), "p50_s": q[49], "p95_s": q[94], "p99_s": q[98],
-            "max_s": lat[-1]}
 
 
 # -- report -------------------------------------------------------------------------------------

@@ -23,13 +23,14 @@ import mmap
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 MAX_IN_FLIGHT = 128  # reads outstanding at once; more wait for a thread (still timed from due)
 
@@ -106,6 +107,18 @@ class OpenLoopReader:
         if code != 0:
             raise RuntimeError(f"the open-loop reader exited with status {code}")
         return [tuple(r) for r in json.loads(self.out.read_text())["reads"]]
+
+
+def latency_summary(reads: Sequence[Tuple[float, float]], *bounds: float) -> Dict[str, object]:
+    """p50/p95/p99 (seconds) of the reads due in [bounds[0], bounds[1]) (and in each further
+    pair of bounds)."""
+    spans = list(zip(bounds[::2], bounds[1::2]))
+    lat = sorted(latency for due, latency in reads if any(a <= due < b for a, b in spans))
+    if not lat:
+        return {"reads": 0, "p50_s": None, "p95_s": None, "p99_s": None, "max_s": None}
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
+    return {"reads": len(lat), "p50_s": q[49], "p95_s": q[94], "p99_s": q[98],
+            "max_s": lat[-1]}
 
 
 def main(argv=None) -> int:

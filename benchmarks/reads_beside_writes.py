@@ -37,6 +37,7 @@ from typing import Dict, List, Tuple
 
 import _bench
 import _open_loop
+from _open_loop import latency_summary
 
 from flashstream import engine
 from flashstream.checkpoint import store
@@ -151,29 +152,23 @@ def _write(path: Path, data: mmap.mmap, rate: float, existing: bool = False) -> 
         raise
 
 
-def _p(latencies: List[float], q: int) -> float:
-    return statistics.quantiles(sorted(latencies), n=100, method="inclusive")[q - 1]
-
-
 def summarize(conditions: List[str], windows, reads, rounds: int):
-    def latencies(condition: str, round_=None) -> List[float]:
-        spans = [(a, b) for r, c, a, b in windows
-                 if c == condition and (round_ is None or r == round_)]
-        return [lat for due, lat in reads if any(a <= due < b for a, b in spans)]
+    def summary(condition: str, round_=None) -> Dict[str, object]:
+        bounds = [t for r, c, a, b in windows
+                  if c == condition and (round_ is None or r == round_) for t in (a, b)]
+        return latency_summary(reads, *bounds)
 
-    idle = _p(latencies("idle"), 95)
-    idle_by_round = [_p(latencies("idle", r), 95) for r in range(rounds)]
+    idle = summary("idle")["p95_s"]
+    idle_by_round = [summary("idle", r)["p95_s"] for r in range(rounds)]
     rows: List[Dict[str, object]] = []
     results: Dict[str, Dict[str, object]] = {}
     for condition in conditions:
-        lat = latencies(condition)
-        per_round = [_p(latencies(condition, r), 95) / idle_by_round[r] for r in range(rounds)]
-        result = {"reads": len(lat), "p50_s": _p(lat, 50), "p95_s": _p(lat, 95),
-                  "p99_s": _p(lat, 99), "p95_x_idle": _p(lat, 95) / idle,
-                  "p95_x_idle_per_round": per_round,
-                  "p95_x_idle_round_median": statistics.median(per_round)}
+        result = summary(condition)
+        per_round = [summary(condition, r)["p95_s"] / idle_by_round[r] for r in range(rounds)]
+        result.update(p95_x_idle=result["p95_s"] / idle, p95_x_idle_per_round=per_round,
+                      p95_x_idle_round_median=statistics.median(per_round))
         results[condition] = result
-        rows.append({"beside the reader": condition, "reads": len(lat),
+        rows.append({"beside the reader": condition, "reads": result["reads"],
                      "p50 ms": round(result["p50_s"] * 1e3, 2),
                      "p95 ms": round(result["p95_s"] * 1e3, 2),
                      "p99 ms": round(result["p99_s"] * 1e3, 2),

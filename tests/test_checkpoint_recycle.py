@@ -121,16 +121,14 @@ def test_a_checkpoint_another_process_maps_keeps_its_bytes(tmp_path):
 
 
 def test_a_spare_left_by_a_killed_run_is_written_over_by_the_next_writer(tmp_path):
-    with CheckpointWriter(tmp_path, keep=1) as writer:
-        writer.save(_state(1), step=1).result()
-        writer.save(_state(2), step=2).result()
-        spare = _inode(store.spare_file(tmp_path, 0))
-        writer._closed = True  # as if killed: close() never ran, the spare stays
-        writer._executor.shutdown(wait=True)
-        writer._lock_file.release()
+    # What a run killed between a prune and its next save leaves: a spare beside the
+    # checkpoints (close() never ran to remove it).
+    spare = store.spare_file(tmp_path, 0)
+    spare.write_bytes(os.urandom(1 << 20))
+    spare_inode = _inode(spare)
     with CheckpointWriter(tmp_path, keep=1) as writer:
         report = writer.save(_state(3), step=3).result()
-    assert report.recycled and _inode(report.path) == spare
+    assert report.recycled and _inode(report.path) == spare_inode
     assert_same(_state(3), load_checkpoint(tmp_path))
 
 

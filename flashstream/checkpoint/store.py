@@ -38,7 +38,7 @@ import shutil
 import stat
 import warnings
 from pathlib import Path
-from typing import Callable, List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 from ..retrieval.mapping import mappings_of
 
@@ -217,18 +217,19 @@ def remove_step(path: Path, *, gradual: bool = False, recycle: bool = False) -> 
     ``recycle``: each rank's file becomes that rank's spare (:func:`spare_file`) where the rank
     has none yet, to be written over by its next save; nothing is freed. A file some process of
     this machine has open or mapped is never recycled (writing over it would change the bytes
-    under that reader): it is removed like the rest.
+    under that reader): it is removed like the rest; so is every file when some process could
+    not be looked at.
     """
     for name in sorted(os.listdir(path)):
         if _MARKER.match(name):
             os.unlink(path / name)
     if gradual or recycle:
         files = [path / name for name in sorted(os.listdir(path))]
-        busy = _open_elsewhere(files, strict=recycle)
+        busy, seen_all = _open_elsewhere(files)
         for file in files:
             if file in busy:  # shrinking a file another process maps would SIGBUS it
                 continue
-            if recycle and _to_spare(file):
+            if recycle and seen_all and _to_spare(file):
                 continue
             if gradual:
                 with contextlib.suppress(OSError):  # rmtree below removes what is left
@@ -270,22 +271,23 @@ def claim_spare(directory: PathLike, rank: int, target: Path) -> bool:
         os.rename(spare_file(directory, rank), target)
     except FileNotFoundError:
         return False
-    if _open_elsewhere([target], strict=True):
+    busy, seen_all = _open_elsewhere([target])
+    if busy or not seen_all:
         os.unlink(target)
         return False
     return True
 
 
-def remove_spares(directory: PathLike, ranks: Optional[Callable[[int], bool]] = None, *,
+def remove_spares(directory: PathLike, rank: Optional[int] = None, *,
                   gradual: bool = False) -> List[Path]:
-    """Delete the spares under ``directory`` of the ranks ``ranks`` accepts (None: all);
-    ``gradual`` as in :func:`remove_step`. Returns what was removed."""
+    """Delete ``rank``'s spare under ``directory`` (None: every rank's); ``gradual`` as in
+    :func:`remove_step`. Returns what was removed."""
     removed = []
     root = Path(directory)
     with contextlib.suppress(FileNotFoundError):
         for name in sorted(os.listdir(root)):
             match = _SPARE.match(name)
-            if not match or (ranks is not None and not ranks(int(match.group(1)))):
+            if not match or (rank is not None and int(match.group(1)) != rank):
                 continue
             if gradual:
                 with contextlib.suppress(OSError):
@@ -296,38 +298,39 @@ def remove_spares(directory: PathLike, ranks: Optional[Callable[[int], bool]] = 
     return removed
 
 
-def _open_elsewhere(files: List[Path], proc: str = "/proc", *, strict: bool = False) -> set:
-    """Those of ``files`` that a process of this machine has open or mapped (an eval job
-    that loaded with mmap=True, a loader mid-read): they are unlinked whole, which keeps their
-    data for those readers; shrinking them would cut it away under them. ``strict``: a process
-    whose open files this one may not list (another user's, without root) makes every file
-    count as busy, since any of them might be its."""
+def _open_elsewhere(files: List[Path], proc: str = "/proc") -> Tuple[set, bool]:
+    """(those of ``files`` that a process of this machine has open or mapped, whether every
+    process could be looked at). An eval job that loaded with mmap=True, a loader mid-read:
+    such files are unlinked whole, which keeps their data for those readers; shrinking them
+    would cut it away under them, writing over them would change it. A process whose open
+    files this one may not list (another user's, without root) leaves the answer incomplete:
+    any file might be its."""
     stats = {}
     for file in files:
         with contextlib.suppress(OSError):
             stats[file] = os.stat(file)
     ids = {(st.st_dev, st.st_ino): file for file, st in stats.items()}
     busy: set = set()
+    complete = True
     if not ids:
-        return busy
+        return busy, complete
     for pid in filter(str.isdigit, os.listdir(proc)):
         maps = os.path.join(proc, pid, "maps")
         busy.update(f for f, st in stats.items() if f not in busy and mappings_of(st, maps))
         fd_dir = os.path.join(proc, pid, "fd")
-        if strict:
-            try:
-                os.listdir(fd_dir)
-            except PermissionError:
-                return set(stats)
-            except OSError:
-                pass  # the process has exited
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(fd_dir):
-                with contextlib.suppress(OSError):
-                    st = os.stat(os.path.join(fd_dir, fd))
-                    if (st.st_dev, st.st_ino) in ids:
-                        busy.add(ids[(st.st_dev, st.st_ino)])
-    return busy
+        try:
+            fds = os.listdir(fd_dir)
+        except PermissionError:
+            complete = False
+            continue
+        except OSError:
+            continue  # the process has exited
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                st = os.stat(os.path.join(fd_dir, fd))
+                if (st.st_dev, st.st_ino) in ids:
+                    busy.add(ids[(st.st_dev, st.st_ino)])
+    return busy, complete
 
 
 def _shrink(file: Path) -> None:

@@ -515,9 +515,8 @@ class CheckpointWriter:
         """A finished writer leaves only checkpoints: its rank's spare goes, and on rank 0
         every rank's (rank 0 prunes, so it makes the other ranks' spares, often after those
         ranks have closed). Also with recycle=False: an earlier run's spares."""
-        rank = self.rank
         try:
-            remove_spares(self.directory, None if rank == 0 else (lambda r: r == rank),
+            remove_spares(self.directory, None if self.rank == 0 else self.rank,
                           gradual=self._online_discard)
         except OSError as exn:  # spares are scratch space: never fail a close over one
             log.warning("flashstream: could not remove the spare checkpoint file: %s", exn)
