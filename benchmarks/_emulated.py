@@ -30,9 +30,10 @@ Writers: ``unpaced``; ``fixed`` at the drive's post-cache rate, the "sustained w
 sheet gives (or ``--rate``); ``auto`` (rate="auto", within=the deadline); ``auto+read_slo``
 (the same with read_slo = 1.2 x the no-writer run's reader p95). Per writer: seconds in the
 cliff (per save), each save's completion against its deadline, the reader's p95/p99 while
-saves are written against the same run's quiet windows (the targets) and against the no-writer
-run; JSON, a table, the targets, and a plot over time of cache fill, write rate and reader
-latency (benchmarks/_plot_emulated.py).
+saves are written against the same run's quiet windows (the targets), each save's against the
+quiet windows next to it (their median), and against the no-writer run; JSON, a table, the
+targets, and a plot over time of cache fill, write rate and reader latency
+(benchmarks/_plot_emulated.py).
 
 The model lives in a cache directory of the benchmark's own, so the emulated drive never
 replaces what ``flashstream probe`` learned of the real one.
@@ -45,6 +46,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -299,6 +301,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                    "writing_later": latency_summary(
                        reads, *[t for span in writing[1:] for t in span]),
                    "quiet": latency_summary(reads, *quiet),
+                   "per_save": per_save(reads, writing, quiet),
                    "phases": _phases(reads, saves, zero, first_due, busy_end)},
         "timeline": [[round(p.seconds, 3), p.fill, p.cliff, p.write_rate, p.read_rate]
                      for p in drive.timeline],
@@ -320,6 +323,30 @@ def _complement(start: float, end: float, holes: List[Tuple[float, float]]) -> L
     if at < end:
         bounds += [at, end]
     return bounds
+
+
+def per_save(reads, writing: List[Tuple[float, float]],
+             quiet: List[float]) -> List[Dict[str, object]]:
+    """Each save's reader p95 against the quiet windows next to it (from the end of the save
+    before it to the start of the one after): seconds apart instead of a run's length, so the
+    disk's minute-to-minute drift cancels. Their median beside the pooled ratio says whether
+    one bad stretch of the disk or every save set it."""
+    spans = list(zip(quiet[::2], quiet[1::2]))
+    out = []
+    for i, (start, end) in enumerate(writing):
+        low = writing[i - 1][1] if i else -math.inf
+        high = writing[i + 1][0] if i + 1 < len(writing) else math.inf
+        near = [t for a, b in spans if b > low and a < high for t in (max(a, low), min(b, high))]
+        saving = latency_summary(reads, start, end)["p95_s"]
+        around = latency_summary(reads, *near)["p95_s"] if near else None
+        out.append({"p95_s": saving, "quiet_p95_s": around, "ratio": _ratio(saving, around)})
+    return out
+
+
+def per_save_median(modes: Dict[str, Dict[str, object]], mode: str) -> Optional[float]:
+    """The median over ``mode``'s saves of :func:`per_save`'s ratios."""
+    ratios = [s["ratio"] for s in modes[mode]["reader"].get("per_save", []) if s["ratio"]]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def _wait_drained(drive: DriveEmulator, settings: DriveSettings) -> None:
@@ -404,6 +431,7 @@ def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:
             "reader p95 ms quiet/writing": f"{_ms(quiet['p95_s'])} / {_ms(writing['p95_s'])}",
             "p95 x quiet": p95_ratio(modes, mode),
             "saves 2+": p95_ratio(modes, mode, "writing_later"),
+            "per-save median": per_save_median(modes, mode),
             "p95 x no-writer run": cross_run_ratio(modes, mode),
             "reader p99 ms writing": _ms(writing["p99_s"])})
     _bench.print_table(rows, list(rows[0]) if rows else [])

@@ -10,6 +10,7 @@ so an SLC-cache cliff shows as a drop. Results are cached per device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -18,7 +19,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .. import engine
 from ..settings import resolve
@@ -26,7 +27,8 @@ from ..sizes import Size, format_size, parse_size
 from .device import device_of
 from .histogram import LatencyHistogram
 
-__all__ = ["ProbeConfig", "ProbePoint", "ProbeResult", "measure", "new_file_write", "probe"]
+__all__ = ["ProbeConfig", "ProbePoint", "ProbeResult", "measure", "new_file_write",
+           "preallocated_file", "probe"]
 
 OPS = ("read", "write")
 PATTERNS = ("sequential", "random")
@@ -319,14 +321,22 @@ def new_file_write(directory: Union[str, os.PathLike], size: Size, *, block_size
     checkpoint writes), timed to its end fsync (at most ``seconds`` of writing, 0: no cap);
     the file is removed afterwards."""
     nbytes = parse_size(size, name="size")
+    with preallocated_file(directory, nbytes) as name:
+        return measure(name, op="write", block_size=block_size, queue_depth=queue_depth,
+                       nbytes=nbytes, seconds=seconds, interval=interval,
+                       engine_kind=engine_kind)
+
+
+@contextlib.contextmanager
+def preallocated_file(directory: Union[str, os.PathLike], nbytes: int) -> Iterator[str]:
+    """A new file of ``nbytes`` preallocated bytes in ``directory`` (its path), removed on
+    exit."""
     fd, name = tempfile.mkstemp(prefix=".flashstream-write-", dir=directory)
     try:
         os.posix_fallocate(fd, 0, nbytes)
         os.close(fd)
         fd = -1
-        return measure(name, op="write", block_size=block_size, queue_depth=queue_depth,
-                       nbytes=nbytes, seconds=seconds, interval=interval,
-                       engine_kind=engine_kind)
+        yield name
     finally:
         if fd >= 0:
             os.close(fd)
