@@ -86,6 +86,7 @@ DRAIN_SHARE = 0.85     # default gap: saves average this share of the cache's dr
 # The fixed writer at the post-cache rate still misses it (9-11 s against 7.2-7.5 s).
 WITHIN_SHARE = 0.8
 SLO_SHARE = 1.2        # auto+read_slo: the SLO is this many times the no-writer run's quiet p95
+MIN_QUIET_READS = 100  # per_save: a save's neighbouring quiet windows need this many reads
 P95_TARGET = 1.2       # auto's reader p95 while saving at most this many times the quiet p95
 LEARN_OVER_CACHE = 4.0  # the sustained probe's first write, in cache sizes
 MODEL_TOLERANCE = 0.10  # the learned cache size and post-cache rate within this of the settings
@@ -338,7 +339,9 @@ def per_save(reads, writing: List[Tuple[float, float]],
         high = writing[i + 1][0] if i + 1 < len(writing) else math.inf
         near = [t for a, b in spans if b > low and a < high for t in (max(a, low), min(b, high))]
         saving = latency_summary(reads, start, end)["p95_s"]
-        around = latency_summary(reads, *near)["p95_s"] if near else None
+        quiet_near = latency_summary(reads, *near) if near else {"reads": 0}
+        # A few hundred ms between back-to-back saves give too few reads for a p95.
+        around = quiet_near["p95_s"] if quiet_near["reads"] >= MIN_QUIET_READS else None
         out.append({"p95_s": saving, "quiet_p95_s": around, "ratio": _ratio(saving, around)})
     return out
 

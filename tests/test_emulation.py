@@ -160,6 +160,39 @@ def test_run_places_a_command_under_the_emulator_and_returns_its_status(tmp_path
 
 
 @needs_throttle
+def test_what_is_learned_under_the_emulator_is_kept_apart_from_the_real_drive(tmp_path):
+    """A write model (or probe result) learned through the emulator describes the emulation:
+    it goes to a directory of the emulated drive's own, in this process and in a command
+    run under it, and the real drive's stays where it was."""
+    from flashstream.emulation import DriveEmulator
+    from flashstream.telemetry.probe import EMULATED_DRIVE_ENV
+    from flashstream.telemetry.write_model import model_path
+
+    real = model_path(tmp_path)
+    assert EMULATED_DRIVE_ENV not in os.environ
+    with DriveEmulator(tmp_path, DriveSettings(cache_size=32 * MiB,
+                                               post_cache_rate=40e6)) as emu:
+        assert model_path(tmp_path) == real  # not placed under it yet
+        emu.add_process()
+        emulated = model_path(tmp_path)
+        assert emulated != real and emulated.parent.name == f"emulated-{emu.tag}"
+        code = (f"import os, sys; sys.exit(0 if os.environ.get({EMULATED_DRIVE_ENV!r}) == "
+                f"{emu.tag!r} else 3)")
+        assert emu.run([sys.executable, "-c", code]) == 0
+    assert EMULATED_DRIVE_ENV not in os.environ and model_path(tmp_path) == real
+
+
+def test_the_cache_directory_of_an_emulated_drive_is_its_own(monkeypatch, tmp_path):
+    from flashstream.telemetry.probe import EMULATED_DRIVE_ENV, default_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(EMULATED_DRIVE_ENV, raising=False)
+    real = default_cache_dir()
+    monkeypatch.setenv(EMULATED_DRIVE_ENV, "vda-0123/../x")
+    assert default_cache_dir() == real / "emulated-vda-0123_.._x"
+
+
+@needs_throttle
 def test_a_killed_emulator_leaves_nothing_behind(tmp_path):
     """A group whose owner died (SIGKILL: no cleanup ran) is removed by the next emulator."""
     code = ("import time, sys; from flashstream.emulation import DriveEmulator, DriveSettings;"

@@ -13,6 +13,7 @@ It is an emulation, not a model of flash: see docs/emulation.md for what it leav
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from ..sizes import Size
 from ..telemetry.device import device_of
+from ..telemetry.probe import EMULATED_DRIVE_ENV
 from ..telemetry.write_model import drive_write_rate
 from .cgroup import ThrottleGroup
 from .model import CacheModel, DriveSettings, profile_settings
@@ -95,6 +97,11 @@ class DriveEmulator:
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self._t0 = 0.0
+        # What its members remember of the drive (probe results, the write model) is kept
+        # apart under this tag: the emulation must not become the real drive's model.
+        digest = hashlib.sha1(json.dumps(settings.to_dict(), sort_keys=True).encode())
+        self.tag = f"{info.name}-{digest.hexdigest()[:10]}"
+        self._saved_env: Optional[List[Optional[str]]] = None
 
     @property
     def started(self) -> float:
@@ -121,6 +128,7 @@ class DriveEmulator:
 
     def stop(self) -> None:
         """Stops the control thread, moves every task back and removes the group."""
+        self._restore_env()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -140,12 +148,34 @@ class DriveEmulator:
 
     # -- members ---------------------------------------------------------------------------
     def add_process(self, pid: Optional[int] = None) -> None:
-        """Places a process (default: this one), all its threads, under the emulated drive."""
+        """Places a process (default: this one), all its threads, under the emulated drive.
+
+        This process also gets ``FLASHSTREAM_EMULATED_DRIVE`` (until :meth:`stop`), so the
+        probe results and write model it learns are kept apart from the real drive's. A process
+        placed by pid keeps its own environment: start it with that variable set to
+        :attr:`tag` (as :meth:`run` does)."""
         self._running().add_process(os.getpid() if pid is None else pid)
+        if pid is None or pid == os.getpid():
+            self._mark_env()
 
     def add_thread(self, tid: Optional[int] = None) -> None:
-        """Places one thread (default: the calling one) under it; cgroup v1 only."""
+        """Places one thread (default: the calling one) under it; cgroup v1 only. Marks this
+        process's environment as :meth:`add_process` does."""
         self._running().add_thread(threading.get_native_id() if tid is None else tid)
+        self._mark_env()
+
+    def _mark_env(self) -> None:
+        if self._saved_env is None:
+            self._saved_env = [os.environ.get(EMULATED_DRIVE_ENV)]
+        os.environ[EMULATED_DRIVE_ENV] = self.tag
+
+    def _restore_env(self) -> None:
+        if self._saved_env is not None:
+            (before,), self._saved_env = self._saved_env, None
+            if before is None:
+                os.environ.pop(EMULATED_DRIVE_ENV, None)
+            else:
+                os.environ[EMULATED_DRIVE_ENV] = before
 
     def run(self, command: Sequence[str], **popen_kw) -> int:
         """Runs ``command`` under the emulated drive; returns its exit status."""
@@ -156,7 +186,9 @@ class DriveEmulator:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
 
-        with subprocess.Popen(list(command), preexec_fn=enter, **popen_kw) as proc:
+        env = dict(popen_kw.pop("env", None) or os.environ)
+        env[EMULATED_DRIVE_ENV] = self.tag  # what it learns of the drive is the emulation's
+        with subprocess.Popen(list(command), preexec_fn=enter, env=env, **popen_kw) as proc:
             try:
                 return proc.wait()
             except BaseException:

@@ -27,8 +27,8 @@ from ..sizes import Size, format_size, parse_size
 from .device import device_of
 from .histogram import LatencyHistogram
 
-__all__ = ["ProbeConfig", "ProbePoint", "ProbeResult", "measure", "new_file_write",
-           "preallocated_file", "probe"]
+__all__ = ["EMULATED_DRIVE_ENV", "ProbeConfig", "ProbePoint", "ProbeResult", "measure",
+           "new_file_write", "preallocated_file", "probe"]
 
 OPS = ("read", "write")
 PATTERNS = ("sequential", "random")
@@ -234,9 +234,22 @@ def _cache_file(cache_dir: Path, device: Dict[str, object], config: ProbeConfig,
     return cache_dir / f"{device_ident(device)}-{kind}-{digest.hexdigest()[:10]}.json"
 
 
+#: Set by flashstream.emulation for what it throttles: the emulated drive's tag.
+EMULATED_DRIVE_ENV = "FLASHSTREAM_EMULATED_DRIVE"
+
+
 def default_cache_dir() -> Path:
+    """Where probe results and write models are remembered: ``$XDG_CACHE_HOME/flashstream/
+    probe`` (default ``~/.cache``). Under an emulated drive (``FLASHSTREAM_EMULATED_DRIVE``
+    set), a subdirectory of that drive's own: what is measured through the emulator describes
+    the emulation, and must never become what the real drive is remembered as."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "flashstream" / "probe"
+    out = Path(base) / "flashstream" / "probe"
+    emulated = os.environ.get(EMULATED_DRIVE_ENV)
+    if emulated:
+        out = out / ("emulated-" + "".join(c if c.isalnum() or c in "-_." else "_"
+                                           for c in emulated))
+    return out
 
 
 def probe(path: Union[str, os.PathLike] = ".", *, config: Optional[ProbeConfig] = None,

@@ -267,8 +267,9 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     The first writes ``size`` bytes unpaced: its speed before a cliff is the new-file rate, its
     speed well after it the post-cache rate. Two more writes follow, each after an idle gap
     (``idle`` seconds, default a fifth of the cache's drain time at the post-cache rate, at
-    most 15 s; then four times that) on a cache the first write left full (a refill slow from
-    its start found the drive still folding: it is repeated after twice the gap): each takes
+    most 15 s; then 3 x ``idle`` longer than the gap that gave the first reading) on a cache
+    the previous write left full (a refill slow from its start found the drive still folding:
+    it is repeated after twice the gap): each takes
     ``drain_rate x (gap + its time to the cliff)`` bytes before its cliff, plus the same
     detection lag, so the difference of the two gives the recovery rate, and with it the cache
     size (the first write's bytes before its cliff, less what drained meanwhile).
@@ -296,7 +297,8 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     guess = max(cliff.bytes_before - post * cliff.seconds, float(64 << 20))
     idle = min(_MAX_IDLE, 0.2 * guess / post) if idle is None else idle
     refills: List[Tuple[float, float]] = []
-    wait = idle
+    wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
+    full = True  # the cache is full as the last write left it
     while len(refills) < 2:
         progress(f"idle {wait:.1f} s, then a write up to the cliff again")
         time.sleep(max(0.0, wait - (time.monotonic() - ended)))
@@ -304,13 +306,15 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
         point, began, written = _timed_write(directory, min(nbytes, refill))
         gap, ended = began - ended, written
         again = find_cliff(_point_timeline(point))
+        # Slow from its first byte (below the midpoint of the two rates): the drive was still
+        # folding, as one that leaves its cliff only once it has freed a margin is after a
+        # short gap. The same full cache is back: a longer gap, not a reading.
+        slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (model.fast_rate + post)
+        full = again is not None or slow
         if again is not None:
             refills.append((gap + again.seconds, again.bytes_before))
-            wait = 4 * wait
-        elif point.bytes / point.seconds < 0.5 * model.fast_rate and wait < _MAX_IDLE:
-            # Slow from its first byte: the drive was still folding, as a drive that leaves
-            # its cliff only once it has freed some margin does after a short gap. The same
-            # full cache is back; a longer gap, not a reading.
+            wait += apart  # not 4 x a retried gap: that could drain the whole cache
+        elif slow and wait < _MAX_IDLE:
             wait = min(_MAX_IDLE, max(2 * wait, 0.25))
         else:
             break  # the cache drained completely (or never let go): no second reading
@@ -322,7 +326,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     recovery = model.recovery_rate or post
     model.cache_size = max(cliff.bytes_before - recovery * cliff.seconds, float(1 << 20))
     model.cliff_free = 0.0
-    model.set_fill(model.cache_size if refills else 0.0)
+    model.set_fill(model.cache_size if refills or full else 0.0)
     model.save()
     return model
 
@@ -340,12 +344,13 @@ def _refill_size(gap: float, fast: float, post: float) -> int:
 
 def _timed_write(directory: Union[str, os.PathLike], nbytes: int):
     """A sustained probe write: (its ProbePoint, time.monotonic() when it began, when its last
-    request completed). Both times leave out the file's preallocation and removal: the drive
-    folds through them as it does through idle time. Removing the first write's file (3-4 x
-    the cache) takes longer than removing a refill's: 0.1 s longer at test scale here, 1.2 s
-    for 6 GB against 1.9 GB (online discard). Left out of the idle gaps, that difference came
-    off the gap difference the recovery rate is computed over (1.5-3 s), so the rate came out
-    low and the cache size, which subtracts it, high."""
+    request completed; both a few milliseconds early, the probe's own setup before its clock
+    starts, the same for every write). Both leave out the file's preallocation and removal:
+    the drive folds through them as it does through idle time. Removing the first write's file
+    (3-4 x the cache) takes longer than removing a refill's: 0.1 s longer at test scale here,
+    1.2 s for 6 GB against 1.9 GB (online discard). Left out of the idle gaps, that difference
+    came off the gap difference the recovery rate is computed over (1.5-3 s), so the rate came
+    out low and the cache size, which subtracts it, high."""
     with preallocated_file(directory, nbytes) as name:
         began = time.monotonic()
         point = measure(name, op="write", nbytes=nbytes, **_SHAPE)
