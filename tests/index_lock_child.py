@@ -1,5 +1,6 @@
 """One process of the node-sharing test: no process group, the index cache shared with the
-others. Waits for GO_FILE, builds a ShardStream, prints JSON with the shards it scanned itself.
+others. Creates GO_FILE.ready.PID once imported, waits for GO_FILE, builds a ShardStream,
+prints JSON with the shards it scanned itself.
 
 ``python index_lock_child.py GO_FILE SHARD...``; each scanned shard takes SCAN_DELAY seconds
 longer (environment), so that the processes' scans overlap.
@@ -29,6 +30,8 @@ def main() -> None:
         return real(urls, *args, **kw)
 
     index_module.scan_shards = recording
+    # Ready (imports done): the parent starts every process at once only after all are.
+    open(f"{go}.ready.{os.getpid()}", "w").close()
     while not os.path.exists(go):
         time.sleep(0.005)
     stream = ShardStream(shards, split_by_rank=False)

@@ -136,6 +136,7 @@ def test_processes_on_one_node_never_scan_a_shard_twice(tmp_path, cache, ranks):
     import json
     import subprocess
     import sys
+    import time
 
     from conftest import child_env
     from shardgen import write_shards
@@ -151,6 +152,14 @@ def test_processes_on_one_node_never_scan_a_shard_twice(tmp_path, cache, ranks):
         procs.append(subprocess.Popen([sys.executable, str(script), str(go), *shards],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env))
+    # Both imported before either starts: importing torch on a busy 2-core machine once took
+    # one child longer than the other's whole share of the scans, and it then took them all.
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready.*"))) < 2:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            "a child did not get ready: " + " ".join(p.stderr.read() for p in procs
+                                                     if p.poll() is not None)
+        time.sleep(0.01)
     go.touch()
     results = []
     for proc in procs:

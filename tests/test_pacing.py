@@ -114,23 +114,6 @@ def test_find_cliff_reads_the_drop_and_the_rate_after_it():
     assert find_cliff(_timeline([100e6] * 50, pace=100e6)) is None  # paced, at its pace
 
 
-def test_an_unpaced_write_that_comes_back_to_full_speed_had_a_stall_not_its_cliff():
-    """A disk stall (0.6 s at a quarter speed) early in a long unpaced write, then full speed,
-    then the real cliff for long enough that the rate after the stall averages below half:
-    the sustained probe must not take the stall for the cache's end."""
-    rows = _timeline([800e6] * 20 + [200e6] * 12 + [800e6] * 40 + [300e6] * 400 + [0])
-    cliff = find_cliff(rows, unpaced=True)
-    assert cliff is not None and cliff.seconds == pytest.approx(3.6, abs=0.06)
-    assert cliff.bytes_before == pytest.approx(800e6 * 3.0 + 200e6 * 0.6, rel=0.02)
-    assert cliff.rate == pytest.approx(300e6, rel=0.02)
-    assert cliff.fast_rate == pytest.approx(800e6, rel=0.02)
-    assert find_cliff(rows).seconds == pytest.approx(1.0, abs=0.06)  # without: the stall
-    # A cliff whose own noise reaches 45% of fast (the range's highest post-cache rate) is
-    # still the cliff.
-    noisy = _timeline([800e6] * 40 + [280e6, 440e6] * 40 + [0])
-    assert find_cliff(noisy, unpaced=True).seconds == pytest.approx(2.0, abs=0.06)
-
-
 @pytest.mark.parametrize("drain_share", [0.6, 1.0])
 @pytest.mark.parametrize("gap", [0.6, 1.6, 6.0])
 def test_a_refill_reaches_the_cliff_again_and_stays_in_it_for_the_hold(drain_share, gap):
@@ -269,8 +252,9 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
                 report = writer.save(state, step=step).result()
                 windows.append((due, due + gap, report))
                 if step:  # the first starts on the cache the probe left full
-                    # By the deadline; 5% for this shared disk at test scale (planned to end
-                    # at 90% of it, 52 saves in 26 runs here ended at 0.88-0.97 of it).
+                    # By the deadline, with 5% for this shared disk at test scale: planned to
+                    # end at 90% of it, 52 saves in 26 runs here ended at 0.88-0.97 of it, so
+                    # a slow minute of the disk could take what margin is left.
                     assert time.perf_counter() - drive.started - due <= 1.05 * gap, info
                 time.sleep(max(0.0, due + gap - (time.perf_counter() - drive.started)))
     for due, end, report in windows[1:]:

@@ -164,22 +164,11 @@ def _intervals(timeline: Timeline):
     return out[:-1] if len(out) > 2 else out  # the last one is the queue draining
 
 
-# find_cliff(unpaced=True): back to this share of the peak for `hold` seconds is a stall the
-# disk recovered from. Well above any post-cache rate (20-45% of fast in the documented range;
-# plc 25%, qlc 38%), so a cliff's own noise does not pass for a recovery.
-RECOVERED = 0.8
-
-
 def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
-               warmup: float = 0.15, unpaced: bool = False) -> Optional[Cliff]:
+               warmup: float = 0.15) -> Optional[Cliff]:
     """The write cliff in a write's timeline: the first moment from which throughput stays
     (on average) below ``ratio`` x what was expected (the best ``warmup``-long stretch so far,
-    or the pacing rate if lower) for ``hold`` seconds, and stays low on average after.
-
-    ``unpaced``: the whole write ran unpaced, so a drive in its cliff stays there (it writes
-    no faster than it folds). A drop the write comes back from, to ``RECOVERED`` x its peak
-    for ``hold`` seconds, was then a stall of the disk, not the cliff, and the search goes
-    on after it. (A paced save may leave its cliff once the pacer lets the cache drain.)"""
+    or the pacing rate if lower) for ``hold`` seconds, and stays low on average after."""
     rows = _intervals(timeline)
     if not rows:
         return None
@@ -187,7 +176,6 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
     smooth = max(1, round(warmup / width))
     run = max(2, round(hold / width))
     peak, done = 0.0, 0.0
-    floor = 0  # the pre-cliff stretch starts here: after the last stall the write came back from
     for i, (start, _end, bps, pace) in enumerate(rows):
         expected = min(peak, pace) if pace > 0 else peak
         window = rows[i:i + run]
@@ -197,17 +185,14 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
         if (expected > 0 and len(window) == run and bps < ratio * expected
                 and _mean_rate(window) < ratio * _allowed(window, peak)):
             after = rows[i:]
-            back = _comes_back(rows, i + run, run, RECOVERED * peak) if unpaced else None
-            if back is not None:
-                floor = max(floor, back)
-            elif _mean_rate(after) < ratio * _allowed(after, peak):
+            if _mean_rate(after) < ratio * _allowed(after, peak):
                 # Means, not medians: a 50 ms interval holds a few whole requests, so single
                 # intervals' rates are quantized to multiples of request size / width.
                 # The first `hold` seconds in the cliff still complete requests the drive took
                 # before it (they were past the throttle, or in its cache): leave them out.
                 free = [r for r in rows[i + run:] if r[3] <= 0 or r[3] > 1.2 * r[2]]
-                before = [r for r in rows[floor:i] if r[3] <= 0]
-                start, done = _refined(rows, i, run, start, done, floor)
+                before = [r for r in rows[:i] if r[3] <= 0]
+                start, done = _refined(rows, i, run, start, done)
                 return Cliff(start, done, _mean_rate(free) if len(free) >= run else None,
                              _mean_rate(before) if before else None)
         if i + 1 >= smooth:
@@ -216,29 +201,18 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
     return None
 
 
-def _comes_back(rows, start: int, run: int, rate: float) -> Optional[int]:
-    """The first index from ``start`` on where ``run`` consecutive intervals of ``rows``
-    average at least ``rate`` (None: nowhere)."""
-    for j in range(start, len(rows) - run + 1):
-        if _mean_rate(rows[j:j + run]) >= rate:
-            return j
-    return None
-
-
-def _refined(rows, i: int, run: int, start: float, done: float,
-             floor: int = 0) -> Tuple[float, float]:
+def _refined(rows, i: int, run: int, start: float, done: float) -> Tuple[float, float]:
     """Where the cliff really began: the meeting point of two straight lines fitted to the
     bytes completed over time, one before the first low interval ``i`` and one after the next
     ``run`` (the hold). A chance dip just before the cliff, or one slow interval too few, then
     moves the estimate by less than an interval instead of by the dip's distance (10% of a
-    small cache). The line before starts at interval ``floor`` (after a stall). Falls back
-    to ``(start, done)`` where either side is too short or the lines do not meet near
-    ``i``."""
+    small cache). Falls back to ``(start, done)`` where either side is too short or the lines
+    do not meet near ``i``."""
     points, total = [(0.0, 0.0)], 0.0
     for s, e, bps, _pace in rows:
         total += bps * (e - s)
         points.append((e, total))
-    before, after = points[floor:i + 1], points[i + 1 + run:]
+    before, after = points[:i + 1], points[i + 1 + run:]
     if len(before) < 3 or len(after) < 3:
         after = points[i + 2:]  # a short write past its cliff: all of it but its first interval
         if len(before) < 3 or len(after) < 3:
@@ -306,7 +280,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     model = load_model(directory, cache_dir)
     progress(f"sustained write of {format_size(nbytes)}")
     first, _, ended = _timed_write(directory, nbytes)
-    cliff = find_cliff(_point_timeline(first), unpaced=True)
+    cliff = find_cliff(_point_timeline(first))
     model.sources.append("probe")
     model.observations += 1
     if cliff is None:
@@ -331,7 +305,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
         refill = _refill_size(time.monotonic() - ended, model.fast_rate, post)
         point, began, written = _timed_write(directory, min(nbytes, refill))
         gap, ended = began - ended, written
-        again = find_cliff(_point_timeline(point), unpaced=True)
+        again = find_cliff(_point_timeline(point))
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
