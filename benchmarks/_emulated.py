@@ -389,11 +389,9 @@ def _phases(reads, saves: List[Dict[str, object]], zero: float, start: float,
         spans["snapshot"] += [called, started]
         spans["write"] += [started, written]
         spans["tail"] += [written, s["done_s"] + zero]
-    busy = [b for bounds in spans.values() for b in bounds]
-    gaps = [start] + sorted(busy) + [end]  # saves do not overlap: the rest is between them
+    busy = [span for bounds in spans.values() for span in zip(bounds[::2], bounds[1::2])]
     out = {name: latency_summary(reads, *bounds) for name, bounds in spans.items()}
-    out["between"] = latency_summary(reads, *[b for pair in zip(gaps[::2], gaps[1::2])
-                                              for b in pair])
+    out["between"] = latency_summary(reads, *_complement(start, end, busy))
     return out
 
 

@@ -221,3 +221,16 @@ def test_spares_are_gone_whichever_rank_closes_first(tmp_path):
     assert store.spare_file(tmp_path, 1).exists()  # made by rank 0's last prune
     writers[0].close()
     assert not list(tmp_path.glob(".spare-*"))
+
+
+def test_removing_spares_slice_by_slice_leaves_a_mapped_spare_whole(tmp_path):
+    """close() on an online-discard filesystem frees spares a slice at a time; a spare some
+    reader still maps (it opened the pruned file just before the rename) is unlinked whole,
+    never shrunk under it."""
+    spare = store.spare_file(tmp_path, 0)
+    spare.write_bytes(os.urandom(3 * store.TRIM_SLICE))
+    expected = spare.read_bytes()
+    with open(spare, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        assert store.remove_spares(tmp_path, gradual=True) == [spare]
+        assert not spare.exists()
+        assert mapped[:] == expected  # a shrunk file would SIGBUS here

@@ -226,14 +226,10 @@ def remove_step(path: Path, *, gradual: bool = False, recycle: bool = False) -> 
     if gradual or recycle:
         files = [path / name for name in sorted(os.listdir(path))]
         busy, seen_all = _open_elsewhere(files)
-        for file in files:
-            if file in busy:  # shrinking a file another process maps would SIGBUS it
-                continue
-            if recycle and seen_all and _to_spare(file):
-                continue
-            if gradual:
-                with contextlib.suppress(OSError):  # rmtree below removes what is left
-                    _shrink(file)
+        left = [f for f in files
+                if f in busy or not (recycle and seen_all and _to_spare(f))]
+        if gradual:
+            _shrink_idle(left, busy)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -282,20 +278,30 @@ def remove_spares(directory: PathLike, rank: Optional[int] = None, *,
                   gradual: bool = False) -> List[Path]:
     """Delete ``rank``'s spare under ``directory`` (None: every rank's); ``gradual`` as in
     :func:`remove_step`. Returns what was removed."""
-    removed = []
     root = Path(directory)
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(root)):
-            match = _SPARE.match(name)
-            if not match or (rank is not None and int(match.group(1)) != rank):
-                continue
-            if gradual:
-                with contextlib.suppress(OSError):
-                    _shrink(root / name)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(root / name)
-            removed.append(root / name)
-    return removed
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    spares = [root / name for name in names if (match := _SPARE.match(name))
+              and (rank is None or int(match.group(1)) == rank)]
+    if gradual and spares:
+        _shrink_idle(spares, _open_elsewhere(spares)[0])
+    for spare in spares:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spare)
+    return spares
+
+
+def _shrink_idle(files: List[Path], busy: set) -> None:
+    """Shrink each of ``files`` a slice at a time before it is unlinked, except those some
+    process has open or mapped (``busy``): shrinking a file another process maps would SIGBUS
+    it, while an unlinked file keeps its bytes for that reader. Failures leave the rest to the
+    unlink."""
+    for file in files:
+        if file not in busy:
+            with contextlib.suppress(OSError):
+                _shrink(file)
 
 
 def _open_elsewhere(files: List[Path], proc: str = "/proc") -> Tuple[set, bool]:

@@ -32,6 +32,8 @@ from .model import CacheModel, DriveSettings, profile_settings
 
 __all__ = ["DriveEmulator", "EmulatorPoint", "disk_sectors"]
 
+_UNSET = object()
+
 
 def disk_sectors(name: str, proc_root: str = "/proc") -> tuple:
     """(sectors read, sectors written) that the disk ``name`` completed (512-byte units)."""
@@ -101,7 +103,7 @@ class DriveEmulator:
         # apart under this tag: the emulation must not become the real drive's model.
         digest = hashlib.sha1(json.dumps(settings.to_dict(), sort_keys=True).encode())
         self.tag = f"{info.name}-{digest.hexdigest()[:10]}"
-        self._saved_env: Optional[List[Optional[str]]] = None
+        self._env_before: object = _UNSET  # the variable's value before _mark_env
 
     @property
     def started(self) -> float:
@@ -165,17 +167,18 @@ class DriveEmulator:
         self._mark_env()
 
     def _mark_env(self) -> None:
-        if self._saved_env is None:
-            self._saved_env = [os.environ.get(EMULATED_DRIVE_ENV)]
+        if self._env_before is _UNSET:
+            self._env_before = os.environ.get(EMULATED_DRIVE_ENV)
         os.environ[EMULATED_DRIVE_ENV] = self.tag
 
     def _restore_env(self) -> None:
-        if self._saved_env is not None:
-            (before,), self._saved_env = self._saved_env, None
-            if before is None:
-                os.environ.pop(EMULATED_DRIVE_ENV, None)
-            else:
-                os.environ[EMULATED_DRIVE_ENV] = before
+        before, self._env_before = self._env_before, _UNSET
+        if before is _UNSET:
+            return
+        if before is None:
+            os.environ.pop(EMULATED_DRIVE_ENV, None)
+        else:
+            os.environ[EMULATED_DRIVE_ENV] = before
 
     def run(self, command: Sequence[str], **popen_kw) -> int:
         """Runs ``command`` under the emulated drive; returns its exit status."""
