@@ -135,6 +135,89 @@ def test_a_refill_reaches_the_cliff_again_and_stays_in_it_for_the_hold(drain_sha
     assert written + 0.5 * post <= _refill_size(gap, fast, post)
 
 
+def _probe_with_stall(post_share: float, stall_s: float, *, stall_fill=None, stall_in=None,
+                      drain_share: float = 1.0, seed: int = 0):
+    """An unpaced probe write of 3 x a 1.5 GB cache on the emulator's cache model, its rate
+    noisy (10% per 20 ms interval), with one stall of ``stall_s`` (the disk: no bytes, the drive
+    folds meanwhile) once the cache holds ``stall_fill`` of its size, or ``stall_in`` seconds
+    into the cliff. Returns the timeline and the bytes written when the cliff began."""
+    from flashstream.emulation import CacheModel
+
+    fast, cache, dt = 1e9, 1.5e9, 0.02
+    post = post_share * fast
+    model = CacheModel(DriveSettings(cache_size=cache, post_cache_rate=post,
+                                     drain_rate=drain_share * post, fast_rate=fast), horizon=dt)
+    rng = random.Random(seed)
+    rows, t, written, cliff_at, cliff_t, stalled = [], 0.0, 0.0, None, None, False
+    while written < 3 * cache:
+        due = (not stalled and (
+            (stall_fill is not None and model.state.fill >= stall_fill * cache)
+            or (stall_in is not None and cliff_t is not None and t >= cliff_t + stall_in)))
+        if due:  # the stall, in intervals like the rest
+            stalled = True
+            for _ in range(round(stall_s / dt)):
+                model.step(0.0, dt)
+                t += dt
+                rows.append((t, 0.0, 0.0))
+            continue
+        nbytes = model.write_limit() * dt * rng.uniform(0.9, 1.1)
+        state = model.step(nbytes, dt)
+        written += nbytes
+        t += dt
+        rows.append((t, nbytes, 0.0))
+        # The model's flag comes late: its limit tapers to the post-cache rate as the room
+        # runs out (and the fill then barely moves where it drains as fast): the drop is the
+        # cliff.
+        if state.fill >= 0.98 * cache and cliff_at is None:
+            cliff_at, cliff_t = written, t
+    return rows, cliff_at
+
+
+@pytest.mark.parametrize("post_share", [0.2, 0.45])  # RANDOM_RANGES' ends
+@pytest.mark.parametrize("drain_share", [0.6, 1.0])
+@pytest.mark.parametrize("stall_s", [0.3, 0.7, 1.2])
+@pytest.mark.parametrize("stall_fill", [0.1, 0.25, 0.5])
+def test_a_stall_before_the_cliff_does_not_pass_for_it(post_share, drain_share, stall_s,
+                                                       stall_fill):
+    """A stall of the disk in the sustained probe's first write, before the cache is full:
+    the write comes back to its fast rate for all the room left. Read as the cliff, such a
+    drop put a 1.7 GiB cache at 447 MiB in one run here."""
+    rows, truth = _probe_with_stall(post_share, stall_s, stall_fill=stall_fill,
+                                    drain_share=drain_share,
+                                    seed=round(100 * post_share + 10 * stall_s))
+    cliff = find_cliff(rows, unpaced=True)
+    assert cliff is not None
+    # Within 3% of the cache, and a few intervals of writing (the finder's resolution).
+    assert abs(cliff.bytes_before - truth) <= 0.03 * 1.5e9 + 3 * 0.02 * 1e9
+    assert cliff.rate == pytest.approx(post_share * 1e9, rel=0.1)
+
+
+@pytest.mark.parametrize("post_share", [0.2, 0.45])  # RANDOM_RANGES' ends
+@pytest.mark.parametrize("drain_share", [0.6, 1.0])
+@pytest.mark.parametrize("stall_s", [0.3, 0.7, 1.2])
+@pytest.mark.parametrize("stall_in", [0.1, 0.6, 1.0, 3.0])
+def test_a_stall_inside_the_cliff_leaves_the_cliff_as_it_was(post_share, drain_share, stall_s,
+                                                            stall_in):
+    """Inside the cliff the drive folds through a stall and then writes fast again, for what
+    it freed: the rule must not take that for a comeback and pass over the true cliff (the
+    first stall rule did, by up to 2.2 s)."""
+    rows, truth = _probe_with_stall(post_share, stall_s, stall_in=stall_in,
+                                    drain_share=drain_share,
+                                    seed=round(100 * post_share + 10 * stall_s))
+    assert find_cliff(rows, unpaced=True) == find_cliff(rows)
+    # And that cliff is the true one: no later, and at most the refining's reach (half a
+    # second of writing) earlier, where the stall sits at the cliff's very start.
+    cliff = find_cliff(rows)
+    assert truth - 0.5 * 1e9 <= cliff.bytes_before <= truth + 0.03 * 1.5e9 + 3 * 0.02 * 1e9
+
+
+def test_without_the_stall_rule_a_stall_passes_for_the_cliff():
+    rows, truth = _probe_with_stall(0.2, 0.7, stall_fill=0.25)
+    early = find_cliff(rows)
+    assert early is not None and early.bytes_before < 0.5 * truth
+    assert abs(find_cliff(rows, unpaced=True).bytes_before - truth) < 0.03 * 1.5e9
+
+
 def test_a_pacer_slowing_down_is_not_a_cliff():
     # Unpaced at 800 MB/s, then held by the pacer to 150 MB/s and lower: the drive kept up.
     rows = _timeline([800e6] * 20)

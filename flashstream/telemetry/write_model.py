@@ -164,11 +164,25 @@ def _intervals(timeline: Timeline):
     return out[:-1] if len(out) > 2 else out  # the last one is the queue draining
 
 
+# find_cliff(unpaced=True): back at this share of the peak is the drive writing from its cache
+# again. Well above any post-cache rate (20-45% of fast in the documented range; plc 25%, qlc
+# 38%), so a cliff's own noise does not pass for a comeback.
+RECOVERED = 0.8
+
+
 def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
-               warmup: float = 0.15) -> Optional[Cliff]:
+               warmup: float = 0.15, unpaced: bool = False) -> Optional[Cliff]:
     """The write cliff in a write's timeline: the first moment from which throughput stays
     (on average) below ``ratio`` x what was expected (the best ``warmup``-long stretch so far,
-    or the pacing rate if lower) for ``hold`` seconds, and stays low on average after."""
+    or the pacing rate if lower) for ``hold`` seconds, and stays low on average after.
+
+    ``unpaced``: the whole write ran unpaced and long past its cliff (the sustained probe's
+    first write, 4 x the cache): a drive in its cliff then stays in it, but for what it folds
+    while the disk stalls. A drop the write comes back from (to ``RECOVERED`` x its peak) with
+    more bytes above the post-cache rate than the drop fell short of it was a stall before the
+    cache was full, not the cliff (one read as the cliff put a 1.7 GiB cache at 447 MiB), and
+    the search goes on after it. The post-cache rate is the write's last quarter's. A paced
+    save may leave its cliff once the pacer lets the cache drain: not for those."""
     rows = _intervals(timeline)
     if not rows:
         return None
@@ -176,7 +190,11 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
     smooth = max(1, round(warmup / width))
     run = max(2, round(hold / width))
     peak, done = 0.0, 0.0
+    floor = 0  # the stretch before the cliff starts here: after the last stall
     for i, (start, _end, bps, pace) in enumerate(rows):
+        if i < floor:  # inside a stall the write came back from
+            done += bps * (rows[i][1] - start)
+            continue
         expected = min(peak, pace) if pace > 0 else peak
         window = rows[i:i + run]
         # The first interval low, and the next `hold` seconds low on average (single short
@@ -184,6 +202,11 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
         # against its own pace: a pacer that slows down is not a cliff.
         if (expected > 0 and len(window) == run and bps < ratio * expected
                 and _mean_rate(window) < ratio * _allowed(window, peak)):
+            back = _stall_end(rows, i, run, smooth, peak, ratio, done) if unpaced else None
+            if back is not None:
+                floor = back
+                done += bps * (rows[i][1] - start)
+                continue
             after = rows[i:]
             if _mean_rate(after) < ratio * _allowed(after, peak):
                 # Means, not medians: a 50 ms interval holds a few whole requests, so single
@@ -191,8 +214,8 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
                 # The first `hold` seconds in the cliff still complete requests the drive took
                 # before it (they were past the throttle, or in its cache): leave them out.
                 free = [r for r in rows[i + run:] if r[3] <= 0 or r[3] > 1.2 * r[2]]
-                before = [r for r in rows[:i] if r[3] <= 0]
-                start, done = _refined(rows, i, run, start, done)
+                before = [r for r in rows[floor:i] if r[3] <= 0]
+                start, done = _refined(rows, i, run, start, done, floor)
                 return Cliff(start, done, _mean_rate(free) if len(free) >= run else None,
                              _mean_rate(before) if before else None)
         if i + 1 >= smooth:
@@ -201,18 +224,51 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
     return None
 
 
-def _refined(rows, i: int, run: int, start: float, done: float) -> Tuple[float, float]:
+def _stall_end(rows, low: int, run: int, smooth: int, peak: float, ratio: float,
+               done: float) -> Optional[int]:
+    """Where an unpaced write low from interval ``low`` came back from a stall, or None if the
+    drop is its cliff.
+
+    In its cliff a drive writes at its post-cache rate and frees room only while it is written
+    slower than that: after a stall it writes fast again for just the room it freed (the bytes
+    the low stretch fell short of the post-cache rate). A stall before the cache was full
+    comes back for all the room left besides. So: the comeback's bytes above the post-cache
+    rate (until the write is low for a hold again) against that shortfall, with a margin for
+    noise (a quarter second at the post-cache rate, 3% of the bytes so far)."""
+    tail = rows[len(rows) - max(1, len(rows) // 4):]
+    post = _mean_rate(tail)
+    if post >= RECOVERED * peak:
+        post = ratio * peak  # no cliff at the end: any comeback is one from a stall
+
+    def fast_from(j: int) -> bool:
+        return statistics.fmean(r[2] for r in rows[j:j + smooth]) >= RECOVERED * peak
+
+    back = next((j for j in range(low + 1, len(rows) - smooth + 1) if fast_from(j)), None)
+    if back is None:
+        return None
+    end = next((k for k in range(back + run, len(rows) - run + 1)
+                if _mean_rate(rows[k:k + run]) < ratio * peak), len(rows))
+    shortfall = sum(max(0.0, post - r[2]) * (r[1] - r[0]) for r in rows[low:back])
+    extra = sum((r[2] - post) * (r[1] - r[0]) for r in rows[back:end])
+    return back if extra > shortfall + max(0.25 * post, 0.03 * done) else None
+
+
+def _refined(rows, i: int, run: int, start: float, done: float,
+             floor: int = 0) -> Tuple[float, float]:
     """Where the cliff really began: the meeting point of two straight lines fitted to the
-    bytes completed over time, one before the first low interval ``i`` and one after the next
-    ``run`` (the hold). A chance dip just before the cliff, or one slow interval too few, then
-    moves the estimate by less than an interval instead of by the dip's distance (10% of a
-    small cache). Falls back to ``(start, done)`` where either side is too short or the lines
-    do not meet near ``i``."""
+    bytes completed over time, one before the first low interval ``i`` (from ``floor``: after
+    a stall) and one after the next ``run`` (the hold). A chance dip just before the cliff, or
+    one slow interval too few, then moves the estimate by less than an interval instead of by
+    the dip's distance (10% of a small cache). Falls back to ``(start, done)`` where either
+    side is too short or the lines do not meet near ``i``."""
     points, total = [(0.0, 0.0)], 0.0
     for s, e, bps, _pace in rows:
         total += bps * (e - s)
         points.append((e, total))
-    before, after = points[:i + 1], points[i + 1 + run:]
+    # The line after ends where the write leaves its cliff rate: a stall later on (the drive
+    # folds through it, then writes fast for what it freed) bent a line through the rest of
+    # the write, and moved the cliff by up to a fifth of the cache in simulated probes.
+    before, after = points[floor:i + 1], points[i + 1 + run:_steady_end(rows, i + run) + 1]
     if len(before) < 3 or len(after) < 3:
         after = points[i + 2:]  # a short write past its cliff: all of it but its first interval
         if len(before) < 3 or len(after) < 3:
@@ -226,6 +282,20 @@ def _refined(rows, i: int, run: int, start: float, done: float) -> Tuple[float, 
     if not start - width <= meet <= start + width:
         return start, done
     return meet, fast.intercept + fast.slope * meet
+
+
+def _steady_end(rows, first: int, smooth: int = 5) -> int:
+    """The first interval from ``first`` on where the write's rate (over ``smooth`` intervals)
+    leaves half to one and a half times its median from there (a stall, or a burst after
+    one); the end of ``rows`` if it never does."""
+    if first >= len(rows):
+        return len(rows)
+    typical = statistics.median(r[2] for r in rows[first:])
+    for k in range(first, len(rows) - smooth + 1):
+        rate = statistics.fmean(r[2] for r in rows[k:k + smooth])
+        if not 0.5 * typical <= rate <= 1.5 * typical:
+            return k
+    return len(rows)
 
 
 def _allowed(rows, peak: float) -> float:
@@ -280,7 +350,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     model = load_model(directory, cache_dir)
     progress(f"sustained write of {format_size(nbytes)}")
     first, _, ended = _timed_write(directory, nbytes)
-    cliff = find_cliff(_point_timeline(first))
+    cliff = find_cliff(_point_timeline(first), unpaced=True)
     model.sources.append("probe")
     model.observations += 1
     if cliff is None:
@@ -305,7 +375,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
         refill = _refill_size(time.monotonic() - ended, model.fast_rate, post)
         point, began, written = _timed_write(directory, min(nbytes, refill))
         gap, ended = began - ended, written
-        again = find_cliff(_point_timeline(point))
+        again = find_cliff(_point_timeline(point), unpaced=True)
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
