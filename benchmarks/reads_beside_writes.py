@@ -2,6 +2,8 @@
 """What a checkpoint's writes and deletes do to reads on the same drive, measured interleaved.
 
     python benchmarks/reads_beside_writes.py [--dir bench-data/reads-beside] [--rounds 12]
+    python benchmarks/reads_beside_writes.py --rate 120MB,250MB,380MB,600MB \
+        --conditions write-over        # what each pace costs the reads: a curve and its plot
 
 An open-loop reader (250 random 128 KiB O_DIRECT reads/s, latency from each read's scheduled
 time: benchmarks/_open_loop.py) runs throughout. Beside it, in windows of ``--window`` seconds
@@ -14,6 +16,12 @@ shuffled anew each round, one of:
 - ``free-unlink``: unlinking a written file of the same size (then ``sync``);
 - ``free-gradual``: freeing it 8 MiB at a time as the writer does on online-discard
   filesystems (flashstream.checkpoint.store.remove_step).
+
+With several ``--rate`` values, each write condition runs once per rate (``write-over
+250 MB/s``, ...), all shuffled into the same rounds, and a plot shows the reader's p95 against
+idle over the pace: the price in read latency of the rate a checkpoint's deadline asks for,
+whoever writes it (on this project's disk it rose with the pace from 120 MB/s on, and no
+request shape moved it).
 
 Files are laid out and removed between windows, outside them. Per condition: the reader's
 p50/p95/p99 over all its windows, the p95 against idle's (pooled), and the median of the
@@ -33,10 +41,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import _bench
 import _open_loop
+import _plot
 from _open_loop import latency_summary
 
 from flashstream import engine
@@ -44,6 +53,7 @@ from flashstream.checkpoint import store
 from flashstream.sizes import parse_size
 
 CONDITIONS = ("idle", "write-new", "write-over", "free-unlink", "free-gradual")
+WRITES = ("write-new", "write-over")  # the conditions that run once per --rate
 SETTLE_S = 1.5  # between windows: the last one's after-effects stay out of the next
 
 
@@ -53,7 +63,8 @@ def main(argv=None) -> int:
                    help="a directory on the drive under test (O_DIRECT must work there)")
     p.add_argument("--rate", default="500MB",
                    help="the paced writes' bytes per second (default 500MB: a deadline pace "
-                        "of the emulated plc benchmark here)")
+                        "of the emulated plc benchmark here); a comma-separated list sweeps "
+                        "the write conditions over each rate")
     p.add_argument("--window", type=float, default=2.0, help="seconds per window")
     p.add_argument("--rounds", type=int, default=12, help="windows per condition")
     p.add_argument("--conditions", default=",".join(CONDITIONS),
@@ -62,6 +73,9 @@ def main(argv=None) -> int:
     p.add_argument("--reader-block", default="128KiB", help="bytes per read")
     p.add_argument("--seed", type=int, default=1, help="the windows' shuffle")
     p.add_argument("--json", type=Path, default=Path("bench-results/reads_beside_writes.json"))
+    p.add_argument("--plot", type=Path, default=None,
+                   help="PNG of p95 x idle over the pace (with several --rate; default: "
+                        "beside the JSON)")
     args = p.parse_args(argv)
     chosen = [c.strip() for c in args.conditions.split(",") if c.strip()]
     unknown = sorted(set(chosen) - set(CONDITIONS))
@@ -69,26 +83,45 @@ def main(argv=None) -> int:
         p.error(f"unknown condition(s) {unknown}; allowed: {', '.join(CONDITIONS)}")
     if args.rounds < 2 or not args.window > 0:
         p.error("--rounds must be at least 2 and --window positive")
-    conditions = ["idle"] + [c for c in CONDITIONS[1:] if c in chosen]
-    rate = float(parse_size(args.rate, name="--rate"))
+    rates = [float(parse_size(r.strip(), name="--rate")) for r in args.rate.split(",")
+             if r.strip()]
+    if not rates or min(rates) <= 0 or len(set(rates)) != len(rates):
+        p.error("--rate: one or more distinct positive sizes per second, e.g. 250MB,500MB")
+    # label: (condition, rate); a write condition once per rate
+    conditions: Dict[str, Tuple[str, float]] = {"idle": ("idle", 0.0)}
+    for condition in CONDITIONS[1:]:
+        if condition in chosen:
+            for rate in rates if condition in WRITES else [max(rates)]:
+                conditions[_label(condition, rate, len(rates))] = (condition, rate)
     args.dir.mkdir(parents=True, exist_ok=True)
     info = _bench.environment(args.dir)
     _bench.print_header(info)
-    size = int(rate * args.window) // (1 << 20) * (1 << 20)
+    size = int(max(rates) * args.window) // (1 << 20) * (1 << 20)
     print(f"{args.rounds} rounds of {len(conditions)} windows of {args.window:.1f} s; writes of "
-          f"{size / 1e9:.2f} GB at {rate / 1e6:,.0f} MB/s; reader {args.reader_rate:.0f} x "
-          f"{args.reader_block}/s")
-    windows, reads = run(args, conditions, size, rate)
-    rows, results = summarize(conditions, windows, reads, args.rounds)
+          f"{args.window:.1f} s at {', '.join(f'{r / 1e6:,.0f}' for r in rates)} MB/s; "
+          f"reader {args.reader_rate:.0f} x {args.reader_block}/s")
+    windows, reads = run(args, conditions, size)
+    rows, results = summarize(list(conditions), windows, reads, args.rounds)
+    for label, result in results.items():
+        result["condition"], result["rate"] = conditions[label]
     _bench.print_table(rows, list(rows[0]))
-    payload = {"environment": info, "rate": rate, "window_s": args.window,
-               "rounds": args.rounds, "file_bytes": size, "conditions": results,
+    payload = {"environment": info, "rate": rates[0] if len(rates) == 1 else None,
+               "rates": rates, "window_s": args.window, "rounds": args.rounds,
+               "file_bytes": size, "conditions": results,
                "windows": [[r, c, a, b] for r, c, a, b in windows]}
-    print(f"\nJSON: {_bench.write_json(args.json, payload)}")
+    if len(rates) > 1:
+        _bench.write_outputs(payload, args.json, plot, args.plot or args.json.with_suffix(".png"))
+    else:
+        print(f"\nJSON: {_bench.write_json(args.json, payload)}")
     return 0
 
 
-def run(args, conditions: List[str], size: int, rate: float
+def _label(condition: str, rate: float, rates: int) -> str:
+    return f"{condition} {rate / 1e6:,.0f} MB/s" if rates > 1 and condition in WRITES \
+        else condition
+
+
+def run(args, conditions: Dict[str, Tuple[str, float]], size: int
         ) -> Tuple[List[Tuple[int, str, float, float]], List[Tuple[float, float]]]:
     work = args.dir / "files"
     shutil.rmtree(work, ignore_errors=True)
@@ -107,19 +140,22 @@ def run(args, conditions: List[str], size: int, rate: float
     try:
         time.sleep(2.0)  # the reader's threads start
         for round_ in range(args.rounds):
-            order = conditions[:]
+            order = list(conditions)
             rng.shuffle(order)
-            for condition in order:
+            for label in order:
+                condition, rate = conditions[label]
                 victim = work / "victim.bin"
                 if condition.startswith("free"):
                     _write(victim, data, 0.0)
                     os.sync()
                     time.sleep(SETTLE_S)
                 start = time.perf_counter()
+                # Each write lasts the window: rate x window bytes (all of them at the top rate).
+                part = memoryview(data)[:int(rate * args.window) // (1 << 20) * (1 << 20)]
                 if condition == "write-new":
-                    _write(work / "new.bin", data, rate)
+                    _write(work / "new.bin", part, rate, total=size)
                 elif condition == "write-over":
-                    _write(over, data, rate, existing=True)
+                    _write(over, part, rate, existing=True, total=size)
                 elif condition == "free-unlink":
                     os.unlink(victim)
                     os.sync()
@@ -129,24 +165,27 @@ def run(args, conditions: List[str], size: int, rate: float
                     os.rename(victim, step / victim.name)
                     store.remove_step(step, gradual=True)
                 time.sleep(max(0.0, start + args.window - time.perf_counter()))
-                windows.append((round_, condition, start, time.perf_counter()))
+                windows.append((round_, label, start, time.perf_counter()))
                 if condition == "write-new":
                     (work / "new.bin").unlink()
                     os.sync()
                 time.sleep(SETTLE_S)
-                print(f"  round {round_ + 1}/{args.rounds}: {condition}", file=sys.stderr)
+                print(f"  round {round_ + 1}/{args.rounds}: {label}", file=sys.stderr)
     finally:
         got = reader.stop()
         shutil.rmtree(work, ignore_errors=True)
     return windows, got
 
 
-def _write(path: Path, data: mmap.mmap, rate: float, existing: bool = False) -> None:
-    out = engine.open_output(path, len(data), engine="auto", direct=True, existing=existing)
+def _write(path: Path, data, rate: float, existing: bool = False,
+           total: Optional[int] = None) -> None:
+    """Writes ``data`` at the start of a file of ``total`` bytes (default: just ``data``)."""
+    total = len(data) if total is None else total
+    out = engine.open_output(path, total, engine="auto", direct=True, existing=existing)
     try:
         out.write(data, 0, chunk_size=8 << 20, queue_depth=8, rate=rate,
                   paced_chunk_size=1 << 20)
-        out.commit(len(data))
+        out.commit(total)
     except BaseException:
         out.close()
         raise
@@ -176,6 +215,32 @@ def summarize(conditions: List[str], windows, reads, rounds: int):
                      "per-round median": round(result["p95_x_idle_round_median"], 2),
                      "per round": " ".join(f"{x:.2f}" for x in per_round)})
     return rows, results
+
+
+def plot(payload: Dict[str, object], path: Path) -> Optional[Path]:
+    """The reader's p95 against idle over the writes' pace, per write condition: pooled over
+    all windows, and the median of the per-round ratios."""
+    plt = _plot.pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    results: Dict[str, Dict] = payload["conditions"]
+    for condition in WRITES:
+        points = sorted((r["rate"] / 1e6, r["p95_x_idle"], r["p95_x_idle_round_median"])
+                        for r in results.values() if r["condition"] == condition)
+        if points:
+            mbps, pooled, median = zip(*points)
+            line, = ax.plot(mbps, pooled, "o-", label=f"{condition}: pooled")
+            ax.plot(mbps, median, "s--", color=line.get_color(), alpha=0.6,
+                    label=f"{condition}: median of rounds")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("write pace, MB/s")
+    ax.set_ylabel("reader p95 / idle p95")
+    ax.set_ylim(bottom=0.9)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{payload['rounds']} rounds of {payload['window_s']:.1f} s windows, "
+                 f"reads 128 KiB random, open loop", fontsize=9)
+    return _plot.save(fig, path)
 
 
 if __name__ == "__main__":

@@ -189,3 +189,28 @@ def test_reads_beside_writes_benchmark_runs_every_condition(tmp_path):
     assert all(c["reads"] > 0 and len(c["p95_x_idle_per_round"]) == 2
                for c in conditions.values())
     assert not (tmp_path / "d" / "files").exists()  # its scratch files are gone
+
+
+def test_reads_beside_writes_sweeps_the_pace(tmp_path):
+    out_json = tmp_path / "o.json"
+    out = run(ROOT / "benchmarks" / "reads_beside_writes.py", "--dir", tmp_path / "d",
+              "--rounds", "2", "--window", "0.3", "--rate", "20MB,40MB",
+              "--conditions", "write-over", "--json", out_json)
+    assert "write-over 20 MB/s" in out and "write-over 40 MB/s" in out
+    result = json.loads(out_json.read_text())
+    assert result["rates"] == [20e6, 40e6]
+    conditions = result["conditions"]
+    assert list(conditions) == ["idle", "write-over 20 MB/s", "write-over 40 MB/s"]
+    assert [(c["condition"], c["rate"]) for c in conditions.values()] == [
+        ("idle", 0.0), ("write-over", 20e6), ("write-over", 40e6)]
+    assert all(c["reads"] > 0 for c in conditions.values())
+    if "plot skipped" not in out:
+        assert out_json.with_suffix(".png").stat().st_size > 0
+    assert sorted(w[1] for w in result["windows"]) == sorted(list(conditions) * 2)
+
+
+def test_reads_beside_writes_rejects_a_bad_rate_list(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reads_beside_writes.py"),
+                           "--dir", str(tmp_path / "d"), "--rate", "20MB,20MB"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "distinct positive" in proc.stderr
