@@ -229,28 +229,28 @@ def _stall_end(rows, low: int, run: int, smooth: int, peak: float, ratio: float,
     """Where an unpaced write low from interval ``low`` came back from a stall, or None if the
     drop is its cliff.
 
-    In its cliff a drive writes at its post-cache rate and frees room only while it is written
-    slower than that: after a stall it writes fast again for just the room it freed (the bytes
-    the low stretch fell short of the post-cache rate). A stall before the cache was full
-    comes back for all the room left besides. So: the comeback's bytes above the post-cache
-    rate (until the write is low for a hold again) against that shortfall, with a margin for
-    noise (a quarter second at the post-cache rate, 3% of the bytes so far)."""
-    tail = rows[len(rows) - max(1, len(rows) // 4):]
-    post = _mean_rate(tail)
+    In its cliff a drive writes at its post-cache rate on average: it writes faster only for
+    the room it folded while written slower (after a stall), so from the drop to the end of
+    its last fast stretch it writes no more than the post-cache rate allows. Before the cache
+    is full it writes the room left besides, however many stalls come between. So: the
+    bytes from the drop to the end of the write's last fast stretch, less the post-cache rate
+    over that time, against a margin for noise (a quarter second at that rate, 3% of the
+    bytes so far). The post-cache rate is the median interval of the write's second half (a
+    stall there does not move it much)."""
+    post = statistics.median(r[2] for r in rows[len(rows) // 2:])
     if post >= RECOVERED * peak:
         post = ratio * peak  # no cliff at the end: any comeback is one from a stall
+    fast = RECOVERED * peak
 
-    def fast_from(j: int) -> bool:
-        return statistics.fmean(r[2] for r in rows[j:j + smooth]) >= RECOVERED * peak
+    def fast_from(j: int) -> bool:  # a fast interval, and fast on average from it
+        return rows[j][2] >= fast and statistics.fmean(r[2] for r in rows[j:j + smooth]) >= fast
 
     back = next((j for j in range(low + 1, len(rows) - smooth + 1) if fast_from(j)), None)
     if back is None:
         return None
-    end = next((k for k in range(back + run, len(rows) - run + 1)
-                if _mean_rate(rows[k:k + run]) < ratio * peak), len(rows))
-    shortfall = sum(max(0.0, post - r[2]) * (r[1] - r[0]) for r in rows[low:back])
-    extra = sum((r[2] - post) * (r[1] - r[0]) for r in rows[back:end])
-    return back if extra > shortfall + max(0.25 * post, 0.03 * done) else None
+    last = next(j for j in range(len(rows) - smooth, back - 1, -1) if fast_from(j))
+    net = sum((r[2] - post) * (r[1] - r[0]) for r in rows[low:last + smooth])
+    return back if net > max(0.25 * post, 0.03 * done) else None
 
 
 def _refined(rows, i: int, run: int, start: float, done: float,
@@ -265,10 +265,7 @@ def _refined(rows, i: int, run: int, start: float, done: float,
     for s, e, bps, _pace in rows:
         total += bps * (e - s)
         points.append((e, total))
-    # The line after ends where the write leaves its cliff rate: a stall later on (the drive
-    # folds through it, then writes fast for what it freed) bent a line through the rest of
-    # the write, and moved the cliff by up to a fifth of the cache in simulated probes.
-    before, after = points[floor:i + 1], points[i + 1 + run:_steady_end(rows, i + run) + 1]
+    before, after = points[floor:i + 1], points[i + 1 + run:]
     if len(before) < 3 or len(after) < 3:
         after = points[i + 2:]  # a short write past its cliff: all of it but its first interval
         if len(before) < 3 or len(after) < 3:
@@ -282,20 +279,6 @@ def _refined(rows, i: int, run: int, start: float, done: float,
     if not start - width <= meet <= start + width:
         return start, done
     return meet, fast.intercept + fast.slope * meet
-
-
-def _steady_end(rows, first: int, smooth: int = 5) -> int:
-    """The first interval from ``first`` on where the write's rate (over ``smooth`` intervals)
-    leaves half to one and a half times its median from there (a stall, or a burst after
-    one); the end of ``rows`` if it never does."""
-    if first >= len(rows):
-        return len(rows)
-    typical = statistics.median(r[2] for r in rows[first:])
-    for k in range(first, len(rows) - smooth + 1):
-        rate = statistics.fmean(r[2] for r in rows[k:k + smooth])
-        if not 0.5 * typical <= rate <= 1.5 * typical:
-            return k
-    return len(rows)
 
 
 def _allowed(rows, peak: float) -> float:
@@ -375,7 +358,9 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
         refill = _refill_size(time.monotonic() - ended, model.fast_rate, post)
         point, began, written = _timed_write(directory, min(nbytes, refill))
         gap, ended = began - ended, written
-        again = find_cliff(_point_timeline(point), unpaced=True)
+        # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
+        # second half to give the post-cache rate the stall rule measures against.
+        again = find_cliff(_point_timeline(point))
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
