@@ -178,10 +178,9 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
 
     ``unpaced``: the whole write ran unpaced and long past its cliff (the sustained probe's
     first write, 4 x the cache): a drive in its cliff then stays in it, but for what it folds
-    while the disk stalls. A drop the write comes back from (to ``RECOVERED`` x its peak) with
-    more bytes above the post-cache rate than the drop fell short of it was a stall before the
-    cache was full, not the cliff (one read as the cliff put a 1.7 GiB cache at 447 MiB), and
-    the search goes on after it. The post-cache rate is the write's last quarter's. A paced
+    while the disk stalls. A drop the write comes back from (to ``RECOVERED`` x its peak) is
+    judged by :func:`_stall_end`; a stall before the cache was full is not the cliff (one read
+    as the cliff put a 1.7 GiB cache at 447 MiB), and the search goes on after it. A paced
     save may leave its cliff once the pacer lets the cache drain: not for those."""
     rows = _intervals(timeline)
     if not rows:
@@ -192,23 +191,19 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
     peak, done = 0.0, 0.0
     floor = 0  # the stretch before the cliff starts here: after the last stall
     for i, (start, _end, bps, pace) in enumerate(rows):
-        if i < floor:  # inside a stall the write came back from
-            done += bps * (rows[i][1] - start)
-            continue
         expected = min(peak, pace) if pace > 0 else peak
         window = rows[i:i + run]
         # The first interval low, and the next `hold` seconds low on average (single short
         # intervals hold whole requests, so they scatter around the true rate), each interval
-        # against its own pace: a pacer that slows down is not a cliff.
-        if (expected > 0 and len(window) == run and bps < ratio * expected
+        # against its own pace: a pacer that slows down is not a cliff. Not inside a stall
+        # the write came back from (before `floor`).
+        if (i >= floor and expected > 0 and len(window) == run and bps < ratio * expected
                 and _mean_rate(window) < ratio * _allowed(window, peak)):
-            back = _stall_end(rows, i, run, smooth, peak, ratio, done) if unpaced else None
+            back = _stall_end(rows, i, smooth, peak, ratio, done) if unpaced else None
+            after = rows[i:]
             if back is not None:
                 floor = back
-                done += bps * (rows[i][1] - start)
-                continue
-            after = rows[i:]
-            if _mean_rate(after) < ratio * _allowed(after, peak):
+            elif _mean_rate(after) < ratio * _allowed(after, peak):
                 # Means, not medians: a 50 ms interval holds a few whole requests, so single
                 # intervals' rates are quantized to multiples of request size / width.
                 # The first `hold` seconds in the cliff still complete requests the drive took
@@ -224,7 +219,7 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
     return None
 
 
-def _stall_end(rows, low: int, run: int, smooth: int, peak: float, ratio: float,
+def _stall_end(rows, low: int, smooth: int, peak: float, ratio: float,
                done: float) -> Optional[int]:
     """Where an unpaced write low from interval ``low`` came back from a stall, or None if the
     drop is its cliff.
