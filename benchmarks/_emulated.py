@@ -28,7 +28,10 @@ writer runs the same schedule on a fresh (empty) emulated cache:
 
 Writers: ``unpaced``; ``fixed`` at the drive's post-cache rate, the "sustained write" a spec
 sheet gives (or ``--rate``); ``auto`` (rate="auto", within=the deadline); ``auto+read_slo``
-(the same with read_slo = 1.2 x the no-writer run's reader p95). Per writer: seconds in the
+(the same with read_slo = 1.2 x the no-writer run's reader p95); ``fio-paced``, the floor: fio
+writing each save's bytes at the pace auto averaged (benchmarks/_fio_paced.py), so what auto
+costs the reader can be set against what any write at that pace costs it on this drive. Per
+writer: seconds in the
 cliff (per save), each save's completion against its deadline, the reader's p95/p99 while
 saves are written against the same run's quiet windows (the targets), each save's against the
 quiet windows next to it (their median), and against the no-writer run; JSON, a table, the
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import _bench
+import _fio_paced
 import _open_loop
 import _plot_emulated
 import _savers
@@ -68,8 +72,11 @@ from flashstream.emulation import (
 )
 from flashstream.sizes import format_size, parse_size
 from flashstream.telemetry import write_model
+from flashstream.telemetry.fio import fio_available
 
-MODES = ("none", "unpaced", "fixed", "auto", "auto+read_slo")
+# In this order: none is the SLO's baseline, fio-paced takes auto's pace.
+MODES = ("none", "unpaced", "fixed", "auto", "auto+read_slo", "fio-paced")
+FLOOR = "fio-paced"    # fio at auto's pace: what any write at that pace costs the reader
 BASELINE = "none"      # the schedule's training steps without a writer: the reader's baseline
 IDLE_S = 4.0           # the reader alone before each writer's first save, and after its last
 SETTLE_S = 2.0         # after the last save, before the second idle window (writeback, folding)
@@ -138,6 +145,9 @@ def run(args) -> int:
     print(learned["describe"])
     reader_file = _open_loop.make_file(root / "reader.bin", parse_size(args.reader_file_size))
     fixed_rate = float(args.rate) if args.rate else settings.post_cache_rate
+    if FLOOR in args.modes and not fio_available():
+        print(f"fio is not installed: no {FLOOR} floor (apt-get install -y fio)")
+        args.modes = [m for m in args.modes if m != FLOOR]
     idle_p95: Optional[float] = None
     modes: Dict[str, Dict[str, object]] = {}
     for mode in args.modes:
@@ -146,15 +156,18 @@ def run(args) -> int:
             slo = SLO_SHARE * (baseline_p95(modes) or idle_p95
                                or measure_idle(args, settings, reader_file))
         modes[mode] = run_mode(mode, state, settings, schedule, reader_file, args,
-                               fixed_rate=fixed_rate, read_slo=slo)
+                               fixed_rate=fixed_rate, read_slo=slo,
+                               floor_rate=floor_rate(modes, schedule))
         idle_p95 = idle_p95 or modes[mode]["reader"]["idle"]["p95_s"]
     table(modes, schedule)
+    floor = against_floor(modes)
+    print_floor(floor)
     verdicts = check_targets(modes, learned)
     _bench.print_verdicts(verdicts)
     payload = {"environment": info, "emulated": args.emulate, "seed": args.seed,
                "settings": settings.to_dict(),
                "schedule": dataclasses.asdict(schedule), "fixed_rate": fixed_rate,
-               "model": learned, "modes": modes, "targets": verdicts,
+               "model": learned, "modes": modes, "targets": verdicts, "floor": floor,
                "reader_baseline_p95_s": baseline_p95(modes)}
     _bench.write_outputs(payload, args.json, _plot_emulated.plot, args.plot)
     return 0
@@ -215,10 +228,22 @@ def _reader(args, reader_file: Path, drive: DriveEmulator) -> _open_loop.OpenLoo
     return reader
 
 
+def floor_rate(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> float:
+    """fio-paced's pace: the bytes auto's saves wrote over the seconds they took to write them
+    (without auto in the run: the flat pace that just meets the deadline)."""
+    saves = modes.get("auto", {}).get("saves") or []
+    written = sum(s["gbps"] * 1e9 * s["write_s"] for s in saves)
+    seconds = sum(s["write_s"] for s in saves)
+    return written / seconds if written and seconds else schedule.save_size / schedule.within
+
+
 def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
-                   read_slo: Optional[float]) -> Dict[str, object]:
+                   read_slo: Optional[float], floor_rate: Optional[float] = None
+                   ) -> Dict[str, object]:
     if mode == BASELINE:
         return {}
+    if mode == FLOOR:
+        return {"fio_rate": floor_rate}
     if mode == "unpaced":
         return {"rate": None}
     if mode == "fixed":
@@ -231,14 +256,16 @@ def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
 
 def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
              schedule: Schedule, reader_file: Path, args, *, fixed_rate: float,
-             read_slo: Optional[float]) -> Dict[str, object]:
+             read_slo: Optional[float], floor_rate: float) -> Dict[str, object]:
     """One writer through the schedule on a fresh emulated drive, the reader beside it
     (``none``: the schedule's training steps alone)."""
     directory = args.dir / f"emulated-{args.emulate}" / mode.replace("+", "-")
     shutil.rmtree(directory, ignore_errors=True)
-    writer = None if mode == BASELINE else CheckpointWriter(
+    writer = None if mode in (BASELINE, FLOOR) else CheckpointWriter(
         directory, keep=1, chunk_size=args.chunk_size, queue_depth=args.queue_depth,
         snapshot=args.snapshot, **_writer_kwargs(mode, schedule, fixed_rate, read_slo))
+    if mode == FLOOR:
+        directory.mkdir(parents=True)
     saves: List[Dict[str, object]] = []
     steps: List[Tuple[float, float]] = []  # the training steps' (start, end)
     warmup = None
@@ -247,6 +274,8 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                 desc=mode, total=schedule.saves + 1, unit="save", leave=False,
                 disable=None) as bar:
             drive.add_process()
+            fio = None if mode != FLOOR else _fio_paced.FioPacedWriter(
+                directory, schedule.save_size, floor_rate, drive)
             # A writer's first save faults its staging memory in (seconds, nothing to do with
             # pacing): it runs first, unscheduled, and the schedule starts once the emulated
             # cache has drained again (the write model follows the fill on its own).
@@ -264,9 +293,10 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                     state.mutate()  # the training step before the save
                     steps.append((stepped, time.perf_counter()))
                     time.sleep(max(0.0, due - time.perf_counter()))
-                    if writer is not None:
+                    if writer is not None or fio is not None:
                         called = time.perf_counter()
-                        report = writer.save(state.state, step=i + 1).result()
+                        report = (fio.save(i + 1) if fio is not None
+                                  else writer.save(state.state, step=i + 1).result())
                         saves.append(_save_row(report, due, called, time.perf_counter(),
                                                schedule, drive))
                     bar.update(1)
@@ -287,7 +317,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                         [(a, b + QUIET_AFTER_SAVE_S) for a, b in writing] + steps
                         + [(busy_end, after)])
     return {
-        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo),
+        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo, floor_rate),
         "warmup": None if warmup is None else {
             "stall_s": warmup.stall_s, "write_s": warmup.write_s, "pacing": warmup.pacing},
         "saves": saves,
@@ -415,6 +445,35 @@ def cross_run_ratio(modes: Dict[str, Dict[str, object]], mode: str) -> Optional[
     """``mode``'s reader p95 while writing against the no-writer run's quiet p95, taken
     minutes apart (so it carries the disk's drift between the runs)."""
     return _ratio(modes[mode]["reader"]["writing"]["p95_s"], baseline_p95(modes))
+
+
+def against_floor(modes: Dict[str, Dict[str, object]]) -> Optional[Dict[str, object]]:
+    """Each auto writer's reader ratio (p95 while writing x quiet, same run) over fio-paced's:
+    1.0 means the writer costs the reads no more than fio writing the same bytes at the same
+    pace does. None without a fio-paced run."""
+    floor = p95_ratio(modes, FLOOR) if FLOOR in modes else None
+    if floor is None:
+        return None
+    out: Dict[str, object] = {"rate": modes[FLOOR]["writer"]["fio_rate"], "p95_x_quiet": floor,
+                              "saves_2_plus": p95_ratio(modes, FLOOR, "writing_later")}
+    for mode in ("auto", "auto+read_slo"):
+        if mode in modes:
+            ratio, later = p95_ratio(modes, mode), p95_ratio(modes, mode, "writing_later")
+            out[mode] = {"p95_x_quiet": ratio, "over_floor": _ratio(ratio, floor),
+                         "saves_2_plus_over_floor": _ratio(later, out["saves_2_plus"])}
+    return out
+
+
+def print_floor(floor: Optional[Dict[str, object]]) -> None:
+    if floor is None:
+        return
+    print(f"the floor: fio writing the same bytes at auto's pace ({floor['rate'] / 1e9:.3f} "
+          f"GB/s) put the reader's p95 at {floor['p95_x_quiet']} x quiet")
+    for mode in ("auto", "auto+read_slo"):
+        if mode in floor:
+            f = floor[mode]
+            print(f"  {mode}: {f['p95_x_quiet']} x quiet = {f['over_floor']} x the floor "
+                  f"(saves 2+: {f['saves_2_plus_over_floor']} x)")
 
 
 def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:

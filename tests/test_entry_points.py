@@ -13,6 +13,8 @@ from conftest import child_env
 from shardgen import make_samples, write_tar
 
 from flashstream.cli import main as cli_main
+from flashstream.emulation import throttle_support
+from flashstream.telemetry.fio import fio_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,6 +125,41 @@ def test_checkpoint_benchmark_runs_every_writer(tmp_path, monkeypatch):
     assert left == ["reader-100KB-8388608"]  # every checkpoint and fio file removed
     png = tmp_path / "checkpoint.png"  # beside the JSON by default
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(throttle_support() is None,
+                    reason="needs root and a cgroup block-I/O controller")
+def test_emulated_checkpoint_benchmark_runs_auto_and_its_fio_floor(tmp_path):
+    """checkpoint.py --emulate end to end at a tiny size: the model is learned, auto and the
+    fio floor run the same schedule, and the floor comparison is reported (its figures are
+    the benchmark's to judge, not this test's)."""
+    pytest.importorskip("matplotlib")
+    out_json = tmp_path / "emulated.json"
+    out = run(ROOT / "benchmarks" / "checkpoint.py", "--emulate", "plc", "--dir",
+              tmp_path / "ckpt", "--modes", "fio-paced,auto", "--saves", "2", "--cache-size",
+              "48MiB", "--size", "64MiB", "--reader-file-size", "32MiB", "--json", out_json)
+    assert "emulated plc drive" in out and "write model of" in out
+    result = json.loads(out_json.read_text())
+    modes = result["modes"]
+    assert list(modes) == ["auto", "fio-paced"][:len(modes)]  # auto first: fio takes its pace
+    auto = modes["auto"]
+    assert [s["step"] for s in auto["saves"]] == [1, 2]
+    assert auto["writer"] == {"rate": "auto", "within": result["schedule"]["within"]}
+    assert auto["reader"]["quiet"]["reads"] > 0 and auto["timeline"]
+    if fio_available():
+        assert "the floor: fio writing the same bytes at auto's pace" in out
+        floor = modes["fio-paced"]
+        pace = sum(s["gbps"] * s["write_s"] for s in auto["saves"]) * 1e9 / sum(
+            s["write_s"] for s in auto["saves"])
+        assert floor["writer"]["fio_rate"] == pytest.approx(pace)
+        assert [s["pacing"]["new_file"] for s in floor["saves"]] == [True, False]
+        assert all(s["pacing"]["writer"] == "fio" and s["done_s"] > s["called_s"]
+                   for s in floor["saves"])
+        assert result["floor"]["rate"] == pytest.approx(pace)
+        assert set(result["floor"]["auto"]) == {"p95_x_quiet", "over_floor",
+                                                "saves_2_plus_over_floor"}
+    assert not list((tmp_path / "ckpt" / "emulated-plc").glob("*/fio-save*"))
+    assert result["targets"] and (tmp_path / "emulated.png").stat().st_size > 10_000
 
 
 def test_cli_scan_and_info(tmp_path, capsys):

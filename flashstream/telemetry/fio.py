@@ -6,11 +6,11 @@ import json
 import os
 import shutil
 import subprocess
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from ..engine import uring_available
 
-__all__ = ["fio_available", "fio_version", "run_fio"]
+__all__ = ["fio_available", "fio_command", "fio_result", "fio_version", "run_fio"]
 
 PathLike = Union[str, os.PathLike]
 RW = ("read", "write", "randread", "randwrite")
@@ -36,11 +36,32 @@ def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iode
 
     ``size`` (bytes, or fio's own notation such as ``"2g"``) is what fio moves per file; fio
     creates a missing file of that size, so a write needs no file made beforehand."""
+    if not fio_available():
+        return None
+    cmd = fio_command(files, rw=rw, bs=bs, iodepth=iodepth, ioengine=ioengine,
+                      end_fsync=end_fsync, size=size)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"fio failed ({' '.join(cmd)}): {result.stderr.strip()}")
+    return fio_result(result.stdout, cmd)
+
+
+def fio_command(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M",
+                iodepth: int = 32, ioengine: Optional[str] = None, end_fsync: bool = False,
+                size: Optional[Union[int, str]] = None, rate: Optional[float] = None,
+                output: Optional[PathLike] = None) -> List[str]:
+    """The fio command line :func:`run_fio` runs (JSON output), for running it some other way,
+    e.g. under an emulated drive (:meth:`flashstream.emulation.DriveEmulator.run`).
+
+    ``rate``: bytes per second fio paces itself to (``--rate``); ``output``: a file for the
+    JSON instead of stdout. Raises ``RuntimeError`` when fio is not installed."""
     if rw not in RW:
         raise ValueError(f"rw must be one of {', '.join(RW)}, got {rw!r}")
+    if rate is not None and not rate > 0:
+        raise ValueError(f"rate must be a positive number of bytes per second, got {rate!r}")
     fio = shutil.which("fio")
     if fio is None:
-        return None
+        raise RuntimeError("fio is not installed (apt-get install -y fio)")
     if ioengine is None:
         ioengine = "io_uring" if uring_available() else "libaio"
     names = ":".join(os.fspath(f).replace(":", "\\:") for f in files)
@@ -51,13 +72,21 @@ def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iode
         cmd.append("--end_fsync=1")
     if size is not None:
         cmd.append(f"--size={size}")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise RuntimeError(f"fio failed ({' '.join(cmd)}): {result.stderr.strip()}")
-    job = json.loads(result.stdout)["jobs"][0]["write" if "write" in rw else "read"]
+    if rate is not None:
+        cmd.append(f"--rate={max(1, round(rate))}")
+    if output is not None:
+        cmd.append(f"--output={os.fspath(output)}")
+    return cmd
+
+
+def fio_result(text: str, command: Sequence[str]) -> Optional[Dict[str, object]]:
+    """seconds, bytes, gbps, iops and the command from the JSON of a :func:`fio_command` run;
+    None when the run was too short for fio to time."""
+    rw = next(a.split("=", 1)[1] for a in command if a.startswith("--rw="))
+    job = json.loads(text)["jobs"][0]["write" if "write" in rw else "read"]
     # fio's runtime is whole milliseconds; its bandwidth is exact, so time comes from it. A run
     # too short for fio to time (tiny test data) reports 0 bandwidth: no figure then.
     if not job["bw_bytes"]:
         return None
     return {"seconds": job["io_bytes"] / job["bw_bytes"], "bytes": float(job["io_bytes"]),
-            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"], "command": " ".join(cmd)}
+            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"], "command": " ".join(command)}
