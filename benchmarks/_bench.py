@@ -166,8 +166,9 @@ def fio_sequential_read(files: Sequence[Path]) -> Optional[Dict[str, float]]:
 def fio_sequential_write(path: Path, nbytes: int) -> Optional[Dict[str, object]]:
     """fio --direct=1 --rw=write --bs=8M --iodepth=8 --end_fsync=1 of ``nbytes``, twice: into
     a new file at ``path``, then over the file just written (no allocation left to do); removed
-    afterwards. The figures are the new file's: a checkpoint is always a new file (reserved with
-    fallocate, like fio's), never an overwrite, so that is the same work. Both runs are kept as
+    afterwards. The figures are the new file's: every save of checkpoint.py's writers is a new
+    file (reserved with fallocate, like fio's; each save's output is deleted before the next,
+    so none writes over a recycled one), so that is the same work. Both runs are kept as
     ``new_file`` and ``overwrite``. None without fio or when the runs are too short to time."""
     size = -(-max(int(nbytes), 1) // (8 << 20)) * (8 << 20)  # whole requests
     path.unlink(missing_ok=True)

@@ -28,10 +28,10 @@ writer runs the same schedule on a fresh (empty) emulated cache:
 
 Writers: ``unpaced``; ``fixed`` at the drive's post-cache rate, the "sustained write" a spec
 sheet gives (or ``--rate``); ``auto`` (rate="auto", within=the deadline); ``auto+read_slo``
-(the same with read_slo = 1.2 x the no-writer run's reader p95); ``fio-paced``, the floor: fio
-writing each save's bytes at the pace auto averaged (benchmarks/_fio_paced.py), so what auto
-costs the reader can be set against what any write at that pace costs it on this drive. Per
-writer: seconds in the
+(the same with read_slo = 1.2 x the no-writer run's reader p95); ``fio-paced``, the reference:
+fio writing as many bytes per save as auto's saves did, at the pace auto averaged
+(benchmarks/_fio_paced.py), so what auto costs the reader is set against what a plain write at
+that pace costs it on this drive, in the same run. Per writer: seconds in the
 cliff (per save), each save's completion against its deadline, the reader's p95/p99 while
 saves are written against the same run's quiet windows (the targets), each save's against the
 quiet windows next to it (their median), and against the no-writer run; JSON, a table, the
@@ -76,7 +76,7 @@ from flashstream.telemetry.fio import fio_available
 
 # In this order: none is the SLO's baseline, fio-paced takes auto's pace.
 MODES = ("none", "unpaced", "fixed", "auto", "auto+read_slo", "fio-paced")
-FLOOR = "fio-paced"    # fio at auto's pace: what any write at that pace costs the reader
+FIO = "fio-paced"      # fio at auto's pace: what a plain write at that pace costs the reader
 BASELINE = "none"      # the schedule's training steps without a writer: the reader's baseline
 IDLE_S = 4.0           # the reader alone before each writer's first save, and after its last
 SETTLE_S = 2.0         # after the last save, before the second idle window (writeback, folding)
@@ -145,9 +145,9 @@ def run(args) -> int:
     print(learned["describe"])
     reader_file = _open_loop.make_file(root / "reader.bin", parse_size(args.reader_file_size))
     fixed_rate = float(args.rate) if args.rate else settings.post_cache_rate
-    if FLOOR in args.modes and not fio_available():
-        print(f"fio is not installed: no {FLOOR} floor (apt-get install -y fio)")
-        args.modes = [m for m in args.modes if m != FLOOR]
+    if FIO in args.modes and not fio_available():
+        print(f"fio is not installed: no {FIO} reference (apt-get install -y fio)")
+        args.modes = [m for m in args.modes if m != FIO]
     idle_p95: Optional[float] = None
     modes: Dict[str, Dict[str, object]] = {}
     for mode in args.modes:
@@ -157,17 +157,18 @@ def run(args) -> int:
                                or measure_idle(args, settings, reader_file))
         modes[mode] = run_mode(mode, state, settings, schedule, reader_file, args,
                                fixed_rate=fixed_rate, read_slo=slo,
-                               floor_rate=floor_rate(modes, schedule))
+                               fio_pace=fio_pace(modes, schedule))
         idle_p95 = idle_p95 or modes[mode]["reader"]["idle"]["p95_s"]
     table(modes, schedule)
-    floor = against_floor(modes)
-    print_floor(floor)
+    reference = against_fio(modes)
+    print_against_fio(reference)
     verdicts = check_targets(modes, learned)
     _bench.print_verdicts(verdicts)
     payload = {"environment": info, "emulated": args.emulate, "seed": args.seed,
                "settings": settings.to_dict(),
                "schedule": dataclasses.asdict(schedule), "fixed_rate": fixed_rate,
-               "model": learned, "modes": modes, "targets": verdicts, "floor": floor,
+               "model": learned, "modes": modes, "targets": verdicts,
+               "against_fio": reference,
                "reader_baseline_p95_s": baseline_p95(modes)}
     _bench.write_outputs(payload, args.json, _plot_emulated.plot, args.plot)
     return 0
@@ -228,22 +229,33 @@ def _reader(args, reader_file: Path, drive: DriveEmulator) -> _open_loop.OpenLoo
     return reader
 
 
-def floor_rate(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> float:
-    """fio-paced's pace: the bytes auto's saves wrote over the seconds they took to write them
-    (without auto in the run: the flat pace that just meets the deadline)."""
+@dataclasses.dataclass(frozen=True)
+class FioPace:
+    """What fio-paced writes per save, and how fast."""
+
+    rate: float   # bytes/s
+    nbytes: int   # per save
+    source: str   # "auto": auto's saves in this run; "deadline": the flat deadline pace
+
+
+def fio_pace(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> FioPace:
+    """fio-paced's pace: the bytes auto's saves wrote over the seconds they took to write them,
+    and their mean size; without auto in the run, the state dict's bytes at the flat pace that
+    just meets the deadline."""
     saves = modes.get("auto", {}).get("saves") or []
-    written = sum(s["gbps"] * 1e9 * s["write_s"] for s in saves)
-    seconds = sum(s["write_s"] for s in saves)
-    return written / seconds if written and seconds else schedule.save_size / schedule.within
+    written, seconds = sum(s["bytes"] for s in saves), sum(s["write_s"] for s in saves)
+    if written and seconds:
+        return FioPace(written / seconds, round(written / len(saves)), "auto")
+    return FioPace(schedule.save_size / schedule.within, schedule.save_size, "deadline")
 
 
 def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
-                   read_slo: Optional[float], floor_rate: Optional[float] = None
+                   read_slo: Optional[float], pace: Optional[FioPace] = None
                    ) -> Dict[str, object]:
     if mode == BASELINE:
         return {}
-    if mode == FLOOR:
-        return {"fio_rate": floor_rate}
+    if mode == FIO:
+        return {"fio": dataclasses.asdict(pace)}
     if mode == "unpaced":
         return {"rate": None}
     if mode == "fixed":
@@ -256,15 +268,15 @@ def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
 
 def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
              schedule: Schedule, reader_file: Path, args, *, fixed_rate: float,
-             read_slo: Optional[float], floor_rate: float) -> Dict[str, object]:
+             read_slo: Optional[float], fio_pace: FioPace) -> Dict[str, object]:
     """One writer through the schedule on a fresh emulated drive, the reader beside it
     (``none``: the schedule's training steps alone)."""
     directory = args.dir / f"emulated-{args.emulate}" / mode.replace("+", "-")
     shutil.rmtree(directory, ignore_errors=True)
-    writer = None if mode in (BASELINE, FLOOR) else CheckpointWriter(
+    writer = None if mode in (BASELINE, FIO) else CheckpointWriter(
         directory, keep=1, chunk_size=args.chunk_size, queue_depth=args.queue_depth,
         snapshot=args.snapshot, **_writer_kwargs(mode, schedule, fixed_rate, read_slo))
-    if mode == FLOOR:
+    if mode == FIO:
         directory.mkdir(parents=True)
     saves: List[Dict[str, object]] = []
     steps: List[Tuple[float, float]] = []  # the training steps' (start, end)
@@ -274,8 +286,8 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                 desc=mode, total=schedule.saves + 1, unit="save", leave=False,
                 disable=None) as bar:
             drive.add_process()
-            fio = None if mode != FLOOR else _fio_paced.FioPacedWriter(
-                directory, schedule.save_size, floor_rate, drive)
+            fio = None if mode != FIO else _fio_paced.FioPacedWriter(
+                directory, fio_pace.nbytes, fio_pace.rate, drive, args.queue_depth)
             # A writer's first save faults its staging memory in (seconds, nothing to do with
             # pacing): it runs first, unscheduled, and the schedule starts once the emulated
             # cache has drained again (the write model follows the fill on its own).
@@ -317,7 +329,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                         [(a, b + QUIET_AFTER_SAVE_S) for a, b in writing] + steps
                         + [(busy_end, after)])
     return {
-        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo, floor_rate),
+        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo, fio_pace),
         "warmup": None if warmup is None else {
             "stall_s": warmup.stall_s, "write_s": warmup.write_s, "pacing": warmup.pacing},
         "saves": saves,
@@ -397,7 +409,7 @@ def _save_row(report, due: float, called: float, returned: float, schedule: Sche
     done = returned - due
     return {"step": report.step, "due_s": due - zero, "called_s": called - zero,
             "done_s": returned - zero, "completion_s": done, "deadline_s": schedule.within,
-            "met": done <= schedule.within, "stall_s": report.stall_s,
+            "met": done <= schedule.within, "stall_s": report.stall_s, "bytes": report.bytes,
             "write_start_s": report.write_start_s,
             "write_s": report.write_s, "gbps": report.bytes / max(report.write_s, 1e-9) / 1e9,
             "cliff_seconds": drive.cliff_seconds(due - zero, due - zero + schedule.gap),
@@ -447,33 +459,43 @@ def cross_run_ratio(modes: Dict[str, Dict[str, object]], mode: str) -> Optional[
     return _ratio(modes[mode]["reader"]["writing"]["p95_s"], baseline_p95(modes))
 
 
-def against_floor(modes: Dict[str, Dict[str, object]]) -> Optional[Dict[str, object]]:
-    """Each auto writer's reader ratio (p95 while writing x quiet, same run) over fio-paced's:
-    1.0 means the writer costs the reads no more than fio writing the same bytes at the same
-    pace does. None without a fio-paced run."""
-    floor = p95_ratio(modes, FLOOR) if FLOOR in modes else None
-    if floor is None:
+def against_fio(modes: Dict[str, Dict[str, object]]) -> Optional[Dict[str, object]]:
+    """Each auto writer's reader ratio over fio-paced's, both against their own run's quiet
+    windows: over the saves (from the call to the commit: auto's include its snapshot and its
+    tail, fio's its start), and over the data writes alone (``phases["write"]``). 1.0: the
+    writer costs the reads what fio writing the same bytes at the same pace does. None without
+    a fio-paced run."""
+    if FIO not in modes or p95_ratio(modes, FIO) is None:
         return None
-    out: Dict[str, object] = {"rate": modes[FLOOR]["writer"]["fio_rate"], "p95_x_quiet": floor,
-                              "saves_2_plus": p95_ratio(modes, FLOOR, "writing_later")}
+    out: Dict[str, object] = {**modes[FIO]["writer"]["fio"], FIO: _ratios(modes, FIO)}
     for mode in ("auto", "auto+read_slo"):
         if mode in modes:
-            ratio, later = p95_ratio(modes, mode), p95_ratio(modes, mode, "writing_later")
-            out[mode] = {"p95_x_quiet": ratio, "over_floor": _ratio(ratio, floor),
-                         "saves_2_plus_over_floor": _ratio(later, out["saves_2_plus"])}
+            mine, fio = _ratios(modes, mode), out[FIO]
+            out[mode] = {**mine, "over_fio": {k: _ratio(v, fio[k]) for k, v in mine.items()}}
     return out
 
 
-def print_floor(floor: Optional[Dict[str, object]]) -> None:
-    if floor is None:
+def _ratios(modes: Dict[str, Dict[str, object]], mode: str) -> Dict[str, Optional[float]]:
+    reader = modes[mode]["reader"]
+    quiet = reader["quiet"]["p95_s"]
+    return {"saves": p95_ratio(modes, mode),
+            "saves_2_plus": p95_ratio(modes, mode, "writing_later"),
+            "data_write": _ratio(reader["phases"]["write"].get("p95_s"), quiet)}
+
+
+def print_against_fio(reference: Optional[Dict[str, object]]) -> None:
+    if reference is None:
         return
-    print(f"the floor: fio writing the same bytes at auto's pace ({floor['rate'] / 1e9:.3f} "
-          f"GB/s) put the reader's p95 at {floor['p95_x_quiet']} x quiet")
+    fio = reference[FIO]
+    source = {"auto": "auto's", "deadline": "the deadline's"}[reference["source"]]
+    print(f"fio writing {format_size(reference['nbytes'])} per save at {source} pace "
+          f"({reference['rate'] / 1e9:.3f} GB/s) put the reader's p95 at {fio['saves']} x quiet "
+          f"(saves 2+: {fio['saves_2_plus']}; data writes: {fio['data_write']})")
     for mode in ("auto", "auto+read_slo"):
-        if mode in floor:
-            f = floor[mode]
-            print(f"  {mode}: {f['p95_x_quiet']} x quiet = {f['over_floor']} x the floor "
-                  f"(saves 2+: {f['saves_2_plus_over_floor']} x)")
+        if mode in reference:
+            over = reference[mode]["over_fio"]
+            print(f"  {mode}: {over['saves']} x fio's (saves 2+: {over['saves_2_plus']}; "
+                  f"data writes: {over['data_write']})")
 
 
 def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:

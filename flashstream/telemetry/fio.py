@@ -36,6 +36,7 @@ def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iode
 
     ``size`` (bytes, or fio's own notation such as ``"2g"``) is what fio moves per file; fio
     creates a missing file of that size, so a write needs no file made beforehand."""
+    _check(rw)
     if not fio_available():
         return None
     cmd = fio_command(files, rw=rw, bs=bs, iodepth=iodepth, ioengine=ioengine,
@@ -55,8 +56,7 @@ def fio_command(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M",
 
     ``rate``: bytes per second fio paces itself to (``--rate``); ``output``: a file for the
     JSON instead of stdout. Raises ``RuntimeError`` when fio is not installed."""
-    if rw not in RW:
-        raise ValueError(f"rw must be one of {', '.join(RW)}, got {rw!r}")
+    _check(rw)
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be a positive number of bytes per second, got {rate!r}")
     fio = shutil.which("fio")
@@ -79,14 +79,22 @@ def fio_command(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M",
     return cmd
 
 
+def _check(rw: str) -> None:
+    if rw not in RW:
+        raise ValueError(f"rw must be one of {', '.join(RW)}, got {rw!r}")
+
+
 def fio_result(text: str, command: Sequence[str]) -> Optional[Dict[str, object]]:
-    """seconds, bytes, gbps, iops and the command from the JSON of a :func:`fio_command` run;
-    None when the run was too short for fio to time."""
+    """seconds, bytes, gbps, iops, runtime_s (the job's wall time, I/O and waits included)
+    and the command from the JSON of a :func:`fio_command` run; None when the run was too
+    short for fio to time."""
     rw = next(a.split("=", 1)[1] for a in command if a.startswith("--rw="))
-    job = json.loads(text)["jobs"][0]["write" if "write" in rw else "read"]
+    jobs = json.loads(text)["jobs"][0]
+    job = jobs["write" if "write" in rw else "read"]
     # fio's runtime is whole milliseconds; its bandwidth is exact, so time comes from it. A run
     # too short for fio to time (tiny test data) reports 0 bandwidth: no figure then.
     if not job["bw_bytes"]:
         return None
     return {"seconds": job["io_bytes"] / job["bw_bytes"], "bytes": float(job["io_bytes"]),
-            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"], "command": " ".join(command)}
+            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"],
+            "runtime_s": jobs.get("job_runtime", 0) / 1e3, "command": " ".join(command)}
