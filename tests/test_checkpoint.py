@@ -492,6 +492,35 @@ def test_stale_temporaries_are_removed(tmp_path):
     assert not stale.exists()
 
 
+def test_a_stale_temporary_is_freed_a_slice_at_a_time_on_online_discard(tmp_path,
+                                                                         monkeypatch):
+    """A killed save leaves a temporary as large as a checkpoint (a claimed spare, a new file
+    reserved in full); on an online-discard filesystem the next writer frees it as pruning
+    does, a slice at a time, not with one long discard the drive's reads queue behind."""
+    from flashstream.checkpoint import store
+    from flashstream.checkpoint import writer as writer_module
+
+    save_one(tmp_path, {"x": torch.ones(1)}, step=1)
+    stale = tmp_path / "step-000000001" / ".rank-00000-of-00001.safetensors.99999.tmp"
+    stale.write_bytes(os.urandom(3 << 20))
+    other_rank = stale.with_name(".rank-00001-of-00002.safetensors.99999.tmp")
+    other_rank.write_bytes(b"another rank's, not this writer's")
+    sizes, real_ftruncate = [], os.ftruncate
+
+    def ftruncate(fd, size):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(stale):  # not the writer's lock file
+            sizes.append(size)
+        real_ftruncate(fd, size)
+
+    monkeypatch.setattr(writer_module, "online_discard", lambda _directory: True)
+    monkeypatch.setattr(store, "TRIM_SLICE", 1 << 20)
+    monkeypatch.setattr(store.os, "ftruncate", ftruncate)
+    CheckpointWriter(tmp_path).close()
+    assert sizes == [2 << 20, 1 << 20]  # the last slice goes with the unlink
+    assert not stale.exists() and other_rank.exists()
+    assert load_checkpoint(tmp_path)["x"].equal(torch.ones(1))
+
+
 def test_map_location_cpu_and_saved_device(tmp_path):
     save_one(tmp_path, {"x": torch.ones(2)})
     assert load_checkpoint(tmp_path, map_location="cpu")["x"].device.type == "cpu"

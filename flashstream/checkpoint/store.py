@@ -427,12 +427,19 @@ class WriterLock:
         self.release()
 
 
-def remove_stale_temporaries(directory: PathLike, rank: int) -> None:
+def remove_stale_temporaries(directory: PathLike, rank: int, *,
+                             gradual: bool = False) -> List[Path]:
     """Delete temporary files a killed earlier run of this rank left behind (call it holding
-    the rank's :class:`WriterLock`: then no live writer owns them)."""
+    the rank's :class:`WriterLock`: then no live writer owns them); ``gradual`` as in
+    :func:`remove_step`: such a file is often a whole checkpoint's size (a claimed spare, or
+    a new file reserved in full before the kill). Returns what was removed."""
     prefix = f".rank-{rank:05d}-of-"
-    for info in list_checkpoints(directory):
-        for name in os.listdir(info.path):
-            if name.startswith(prefix) and name.endswith(TEMP_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(info.path / name)
+    stale = [info.path / name for info in list_checkpoints(directory)
+             for name in sorted(os.listdir(info.path))
+             if name.startswith(prefix) and name.endswith(TEMP_SUFFIX)]
+    if gradual and stale:
+        _shrink_idle(stale, _open_elsewhere(stale)[0])
+    for file in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(file)
+    return stale

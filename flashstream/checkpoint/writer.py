@@ -250,8 +250,10 @@ class CheckpointWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         _check_writable(self.directory)
         self._lock_file = WriterLock(self.directory, self.rank)
+        # Online discard: remove old checkpoints a slice at a time (see store.remove_step).
+        self._online_discard = online_discard(self.directory)
         try:
-            remove_stale_temporaries(self.directory, self.rank)
+            remove_stale_temporaries(self.directory, self.rank, gradual=self._online_discard)
             if reserved is not None:
                 self._staging.reserve(reserved)
         except BaseException:
@@ -265,8 +267,6 @@ class CheckpointWriter:
         self.reports: List[SaveReport] = []
         self.skipped = 0
         self._disk_name: Optional[str] = None
-        # Online discard: remove old checkpoints a slice at a time (see store.remove_step).
-        self._online_discard = online_discard(self.directory)
         # Seconds from the last data byte to the save's end (header, sync, commit): with
         # rate="auto" the data write must leave that much of ``within`` over.
         self._tail_s = _FIRST_TAIL_S
