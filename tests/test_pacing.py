@@ -114,6 +114,26 @@ def test_find_cliff_reads_the_drop_and_the_rate_after_it():
     assert find_cliff(_timeline([100e6] * 50, pace=100e6)) is None  # paced, at its pace
 
 
+@pytest.mark.parametrize("hold", [10, 16, 20])
+def test_the_refined_cliff_never_falls_inside_the_stall_before_it(hold):
+    """A write that stalls (0.3 s), writes fast for 80 ms and meets its cliff, then stalls
+    again inside it while the drive folds: the line fitted after the hold lies low, and the
+    two lines used to meet inside the first stall, at a negative byte count (-0.16 GB here).
+    The cliff then stays where the first slow interval put it."""
+    from flashstream.telemetry.write_model import _refined
+
+    width, fast, slow = 0.02, 1e9, 0.6e9
+    rates = [0.0] * 15 + [fast] * 4 + [0.0] * (hold // 2) + [slow] * (hold - hold // 2 + 30)
+    rows = [(k * width, (k + 1) * width, r, 0.0) for k, r in enumerate(rates)]
+    start, done = rows[19][0], 4 * fast * width
+    assert _refined(rows, 19, hold, start, done, floor=15) == (start, done)
+    # the same write without the second stall is refined as before: the lines meet at the cliff
+    rows = [(k * width, (k + 1) * width, r, 0.0)
+            for k, r in enumerate([0.0] * 15 + [fast] * 4 + [slow] * (hold + 30))]
+    meet, at = _refined(rows, 19, hold, start, done, floor=15)
+    assert meet == pytest.approx(start) and at == pytest.approx(done)
+
+
 @pytest.mark.parametrize("drain_share", [0.6, 1.0])
 @pytest.mark.parametrize("gap", [0.6, 1.6, 6.0])
 def test_a_refill_reaches_the_cliff_again_and_stays_in_it_for_the_hold(drain_share, gap):

@@ -255,7 +255,9 @@ def _refined(rows, i: int, run: int, start: float, done: float,
     a stall) and one after the next ``run`` (the hold). A chance dip just before the cliff, or
     one slow interval too few, then moves the estimate by less than an interval instead of by
     the dip's distance (10% of a small cache). Falls back to ``(start, done)`` where either
-    side is too short or the lines do not meet near ``i``."""
+    side is too short or the lines do not meet near ``i``, nor after the before-line's first
+    point (a stall inside the cliff lowers the line after it until the two met inside the
+    stall before ``floor``, at a negative byte count)."""
     points, total = [(0.0, 0.0)], 0.0
     for s, e, bps, _pace in rows:
         total += bps * (e - s)
@@ -271,9 +273,10 @@ def _refined(rows, i: int, run: int, start: float, done: float,
         return start, done
     meet = (slow.intercept - fast.intercept) / (fast.slope - slow.slope)
     width = rows[min(i + run, len(rows) - 1)][1] - rows[i][0]
-    if not start - width <= meet <= start + width:
+    at = fast.intercept + fast.slope * meet
+    if not max(start - width, before[0][0]) <= meet <= start + width or at <= 0:
         return start, done
-    return meet, fast.intercept + fast.slope * meet
+    return meet, at
 
 
 def _allowed(rows, peak: float) -> float:
