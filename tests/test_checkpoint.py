@@ -521,6 +521,34 @@ def test_a_stale_temporary_is_freed_a_slice_at_a_time_on_online_discard(tmp_path
     assert load_checkpoint(tmp_path)["x"].equal(torch.ones(1))
 
 
+def test_a_hard_linked_checkpoint_file_is_unlinked_whole_not_shrunk(tmp_path, monkeypatch):
+    """Someone kept a checkpoint with cp -al (a second name for the same file): freeing the
+    step a slice at a time would cut that copy short; it is only unlinked."""
+    from flashstream.checkpoint import store
+
+    save_one(tmp_path / "run", {"w": torch.arange(3 << 18, dtype=torch.int32)}, step=1)
+    step = list_checkpoints(tmp_path / "run")[0]
+    kept = tmp_path / "kept.safetensors"
+    os.link(step.rank_file(0), kept)
+    expected = kept.read_bytes()
+    monkeypatch.setattr(store, "TRIM_SLICE", 1 << 20)
+    store.remove_step(step.path, gradual=True)
+    assert not step.path.exists() and kept.read_bytes() == expected
+
+
+def test_a_writer_that_cannot_be_built_frees_its_rank(tmp_path, monkeypatch):
+    from flashstream.checkpoint import writer as writer_module
+
+    def broken(_directory):
+        raise ValueError("an unreadable mount table")
+
+    monkeypatch.setattr(writer_module, "online_discard", broken)
+    with pytest.raises(ValueError, match="mount table"):
+        CheckpointWriter(tmp_path)
+    monkeypatch.undo()
+    CheckpointWriter(tmp_path).close()  # the rank's lock went with the failed one
+
+
 def test_map_location_cpu_and_saved_device(tmp_path):
     save_one(tmp_path, {"x": torch.ones(2)})
     assert load_checkpoint(tmp_path, map_location="cpu")["x"].device.type == "cpu"

@@ -170,6 +170,14 @@ def test_online_discard_is_read_from_the_mount_options(fake, target, options, ex
     assert online_discard(target.parent / "missing", proc_root=str(fake.proc)) is False
 
 
+def test_a_mount_path_that_is_not_utf8_spoils_nothing(fake, target):
+    fake.mount(dev_string(target), str(target.parent), "xfs", "/dev/fakedisk1", "rw,discard")
+    info = fake.proc / "self" / "mountinfo"
+    odd = b"77 1 259:9 / /mnt/caf\xe9 rw,relatime - ext4 /dev/odd rw\n"
+    info.write_bytes(odd + info.read_bytes())
+    assert online_discard(target, proc_root=str(fake.proc)) is True
+
+
 def test_unreadable_attributes_are_none(fake, target):
     disk = fake.block("virtual/block/bare", {"size": "8", "queue/logical_block_size": "junk"})
     fake.map_dev(dev_string(target), disk)

@@ -132,6 +132,13 @@ def test_the_refined_cliff_never_falls_inside_the_stall_before_it(hold):
             for k, r in enumerate([0.0] * 15 + [fast] * 4 + [slow] * (hold + 30))]
     meet, at = _refined(rows, 19, hold, start, done, floor=15)
     assert meet == pytest.approx(start) and at == pytest.approx(done)
+    # bytes written before the first stall keep the meeting point's count positive: the time
+    # alone (before the fit's first point) makes it fall back
+    rates = [fast] * 15 + [0.0] * 15 + [fast] * 4 + [0.0] * (hold // 2) \
+        + [slow] * (hold - hold // 2 + 30)
+    rows = [(k * width, (k + 1) * width, r, 0.0) for k, r in enumerate(rates)]
+    start, done = rows[34][0], 19 * fast * width
+    assert _refined(rows, 34, hold, start, done, floor=30) == (start, done)
 
 
 @pytest.mark.parametrize("drain_share", [0.6, 1.0])

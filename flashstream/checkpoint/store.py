@@ -296,8 +296,8 @@ def remove_spares(directory: PathLike, rank: Optional[int] = None, *,
 def _shrink_idle(files: List[Path], busy: set) -> None:
     """Shrink each of ``files`` a slice at a time before it is unlinked, except those some
     process has open or mapped (``busy``): shrinking a file another process maps would SIGBUS
-    it, while an unlinked file keeps its bytes for that reader. Failures leave the rest to the
-    unlink."""
+    it, while an unlinked file keeps its bytes for that reader; nor one with another name (see
+    :func:`_shrink`). Failures leave the rest to the unlink."""
     for file in files:
         if file not in busy:
             with contextlib.suppress(OSError):
@@ -342,9 +342,12 @@ def _open_elsewhere(files: List[Path], proc: str = "/proc") -> Tuple[set, bool]:
 def _shrink(file: Path) -> None:
     fd = os.open(file, os.O_WRONLY | os.O_NOFOLLOW)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        # A file with another name (a hard-linked copy someone kept: cp -al, rsync
+        # --link-dest) is only unlinked: shrinking it would cut that copy short.
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             return
-        size = os.fstat(fd).st_size
+        size = st.st_size
         while size > TRIM_SLICE:
             size -= TRIM_SLICE
             os.ftruncate(fd, size)

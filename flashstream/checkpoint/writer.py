@@ -250,9 +250,9 @@ class CheckpointWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         _check_writable(self.directory)
         self._lock_file = WriterLock(self.directory, self.rank)
-        # Online discard: remove old checkpoints a slice at a time (see store.remove_step).
-        self._online_discard = online_discard(self.directory)
         try:
+            # Online discard: remove old checkpoints a slice at a time (store.remove_step).
+            self._online_discard = online_discard(self.directory)
             remove_stale_temporaries(self.directory, self.rank, gradual=self._online_discard)
             if reserved is not None:
                 self._staging.reserve(reserved)

@@ -308,7 +308,10 @@ def _unescape(field_text: str) -> str:
 
 def _mounts(proc: str) -> List[_Mount]:
     try:
-        with open(os.path.join(proc, "self", "mountinfo"), encoding="utf-8") as f:
+        # surrogateescape: a mount path that is not UTF-8 decodes as os.fsdecode decodes the
+        # paths it is compared with, instead of raising for the whole table
+        with open(os.path.join(proc, "self", "mountinfo"), encoding="utf-8",
+                  errors="surrogateescape") as f:
             lines = f.read().splitlines()
     except OSError:
         return []
