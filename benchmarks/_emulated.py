@@ -157,7 +157,7 @@ def run(args) -> int:
                                or measure_idle(args, settings, reader_file))
         modes[mode] = run_mode(mode, state, settings, schedule, reader_file, args,
                                fixed_rate=fixed_rate, read_slo=slo,
-                               fio_pace=fio_pace(modes, schedule))
+                               pace=fio_pace(modes, schedule))
         idle_p95 = idle_p95 or modes[mode]["reader"]["idle"]["p95_s"]
     table(modes, schedule)
     reference = against_fio(modes)
@@ -268,7 +268,7 @@ def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
 
 def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
              schedule: Schedule, reader_file: Path, args, *, fixed_rate: float,
-             read_slo: Optional[float], fio_pace: FioPace) -> Dict[str, object]:
+             read_slo: Optional[float], pace: FioPace) -> Dict[str, object]:
     """One writer through the schedule on a fresh emulated drive, the reader beside it
     (``none``: the schedule's training steps alone)."""
     directory = args.dir / f"emulated-{args.emulate}" / mode.replace("+", "-")
@@ -287,7 +287,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                 disable=None) as bar:
             drive.add_process()
             fio = None if mode != FIO else _fio_paced.FioPacedWriter(
-                directory, fio_pace.nbytes, fio_pace.rate, drive, args.queue_depth)
+                directory, pace.nbytes, pace.rate, drive, args.queue_depth)
             # A writer's first save faults its staging memory in (seconds, nothing to do with
             # pacing): it runs first, unscheduled, and the schedule starts once the emulated
             # cache has drained again (the write model follows the fill on its own).
@@ -329,7 +329,7 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                         [(a, b + QUIET_AFTER_SAVE_S) for a, b in writing] + steps
                         + [(busy_end, after)])
     return {
-        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo, fio_pace),
+        "writer": _writer_kwargs(mode, schedule, fixed_rate, read_slo, pace),
         "warmup": None if warmup is None else {
             "stall_s": warmup.stall_s, "write_s": warmup.write_s, "pacing": warmup.pacing},
         "saves": saves,

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Tuple
 
 from flashstream.emulation import DriveEmulator
 from flashstream.telemetry.fio import fio_command, fio_result
@@ -45,15 +45,12 @@ class FioPacedWriter:
 
     def __init__(self, directory: Path, nbytes: int, rate: float, drive: DriveEmulator,
                  queue_depth: int = 8) -> None:
-        if not rate > 0:
-            raise ValueError(f"rate must be positive bytes per second, got {rate!r}")
         self.path = Path(directory) / "fio-save.bin"
         # fio moves whole requests only: rounded up, at most one request more than asked
         self.size = max(REQUEST, -(-int(nbytes) // REQUEST) * REQUEST)
         self.rate = float(rate)
         self.queue_depth = queue_depth
         self.drive = drive
-        self.results: List[Optional[Dict[str, object]]] = []
 
     def save(self, step: int) -> FioSave:
         output = self.path.with_suffix(f".{step}.json")
@@ -68,7 +65,6 @@ class FioPacedWriter:
             raise RuntimeError(f"fio failed with status {status}: {' '.join(command)}")
         result = fio_result(output.read_text(), command)
         output.unlink()
-        self.results.append(result)
         # fio's runtime is its jobs' I/O time; what comes before it is the spawn and setup
         running = result["runtime_s"] if result else seconds
         return FioSave(step=step, bytes=self.size, write_s=running,

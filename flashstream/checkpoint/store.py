@@ -285,12 +285,18 @@ def remove_spares(directory: PathLike, rank: Optional[int] = None, *,
         return []
     spares = [root / name for name in names if (match := _SPARE.match(name))
               and (rank is None or int(match.group(1)) == rank)]
-    if gradual and spares:
-        _shrink_idle(spares, _open_elsewhere(spares)[0])
-    for spare in spares:
+    return _remove_files(spares, gradual)
+
+
+def _remove_files(files: List[Path], gradual: bool) -> List[Path]:
+    """Unlink ``files`` (already gone is fine); ``gradual``: shrink them first, as
+    :func:`remove_step` does. Returns ``files``."""
+    if gradual and files:
+        _shrink_idle(files, _open_elsewhere(files)[0])
+    for file in files:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(spare)
-    return spares
+            os.unlink(file)
+    return files
 
 
 def _shrink_idle(files: List[Path], busy: set) -> None:
@@ -440,9 +446,4 @@ def remove_stale_temporaries(directory: PathLike, rank: int, *,
     stale = [info.path / name for info in list_checkpoints(directory)
              for name in sorted(os.listdir(info.path))
              if name.startswith(prefix) and name.endswith(TEMP_SUFFIX)]
-    if gradual and stale:
-        _shrink_idle(stale, _open_elsewhere(stale)[0])
-    for file in stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(file)
-    return stale
+    return _remove_files(stale, gradual)

@@ -36,7 +36,7 @@ def run_fio(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M", iode
 
     ``size`` (bytes, or fio's own notation such as ``"2g"``) is what fio moves per file; fio
     creates a missing file of that size, so a write needs no file made beforehand."""
-    _check(rw)
+    _check_rw(rw)
     if not fio_available():
         return None
     cmd = fio_command(files, rw=rw, bs=bs, iodepth=iodepth, ioengine=ioengine,
@@ -56,7 +56,7 @@ def fio_command(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M",
 
     ``rate``: bytes per second fio paces itself to (``--rate``); ``output``: a file for the
     JSON instead of stdout. Raises ``RuntimeError`` when fio is not installed."""
-    _check(rw)
+    _check_rw(rw)
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be a positive number of bytes per second, got {rate!r}")
     fio = shutil.which("fio")
@@ -79,7 +79,7 @@ def fio_command(files: Sequence[PathLike], *, rw: str = "read", bs: str = "1M",
     return cmd
 
 
-def _check(rw: str) -> None:
+def _check_rw(rw: str) -> None:
     if rw not in RW:
         raise ValueError(f"rw must be one of {', '.join(RW)}, got {rw!r}")
 
