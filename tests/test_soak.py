@@ -21,6 +21,10 @@ from flashstream import ShardStream
 
 EPOCHS = 10
 WARM = 3  # epochs before the baseline: allocators, caches and lazy imports settle first
+# The last epochs' counts are compared by their least: a descriptor open for an instant (a
+# DataLoader queue's pipe as an epoch winds down) once showed as 45 -> 46 in CI and never again
+# in isolation, while a leak of even one descriptor per epoch grows every one of them.
+LAST = 3
 RSS_SLACK = 24 << 20  # per process, over 7 epochs
 SHM = "/dev/shm"
 
@@ -49,7 +53,7 @@ def test_ten_epochs_with_persistent_workers_leak_nothing(tmp_path, path):
                             collate_fn=lambda sample: sample["__key__"])
     main = psutil.Process()
     others = {p.pid for p in main.children()}  # e.g. helpers earlier tests left running
-    counts, baseline, last = [], None, None
+    counts, baseline, history = [], None, []
     for epoch in range(EPOCHS):
         counts.append(sum(1 for _ in loader))
         gc.collect()
@@ -58,12 +62,17 @@ def test_ten_epochs_with_persistent_workers_leak_nothing(tmp_path, path):
         now = usage([main, *workers])
         if epoch == WARM - 1:
             baseline = now
-        last = now
+        history.append(now)
     expected = 240 if path == "samples" else 240 // 16
     assert counts == [expected] * EPOCHS
-    for (rss0, fds0), (rss1, fds1) in zip(baseline, last):
-        assert fds1 <= fds0, f"open descriptors grew from {fds0} to {fds1}"
-        assert rss1 - rss0 <= RSS_SLACK, f"resident memory grew by {(rss1 - rss0) >> 20} MiB"
+    names = ["main", "worker 1", "worker 2"]
+    for i, (name, (rss0, fds0)) in enumerate(zip(names, baseline)):
+        fds = [epoch[i][1] for epoch in history[-LAST:]]
+        rss1 = history[-1][i][0]
+        assert min(fds) <= fds0, f"{name}: open descriptors grew from {fds0} to {fds} " \
+                                 f"over the last {LAST} epochs"
+        assert rss1 - rss0 <= RSS_SLACK, f"{name}: resident memory grew by " \
+                                         f"{(rss1 - rss0) >> 20} MiB"
 
     worker_pids = [p.pid for p in main.children() if p.pid not in others]
     del loader, stream
