@@ -59,7 +59,7 @@ import _fio_paced
 import _open_loop
 import _plot_emulated
 import _savers
-from _open_loop import latency_summary
+from _open_loop import latency_summary, read_calls
 from tqdm import tqdm
 
 from flashstream import CheckpointWriter
@@ -344,12 +344,18 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                    "writing_later": latency_summary(
                        reads, *[t for span in writing[1:] for t in span]),
                    "quiet": latency_summary(reads, *quiet),
+                   # The read call alone (without the wait before it): the drive's share.
+                   "read_calls": {
+                       "quiet": latency_summary(read_calls(reads), *quiet),
+                       "writing": latency_summary(
+                           read_calls(reads), *[t for span in writing for t in span])},
                    "per_save": per_save(reads, writing, quiet),
                    "phases": _phases(reads, saves, zero, first_due, busy_end)},
         "timeline": [[round(p.seconds, 3), p.fill, p.cliff, p.write_rate, p.read_rate]
                      for p in drive.timeline],
         "training_steps": [[round(a - zero, 3), round(b - zero, 3)] for a, b in steps],
-        "reads": [[round(d - zero, 4), round(lat, 6)] for d, lat in reads],
+        "reads": [[round(d - zero, 4), round(lat, 6), *[round(x, 6) for x in rest]]
+                  for d, lat, *rest in reads],
         "zero": zero,
     }
 
@@ -453,6 +459,14 @@ def p95_ratio(modes: Dict[str, Dict[str, object]], mode: str,
     return _ratio((reader.get(window) or {}).get("p95_s"), reader["quiet"]["p95_s"])
 
 
+def read_call_ratio(modes: Dict[str, Dict[str, object]], mode: str) -> Optional[float]:
+    """As :func:`p95_ratio`, for the read calls alone (``_open_loop.read_calls``): what the
+    writes cost the reads in the drive, without what the writer's CPU use costs the reader's
+    timer and threads."""
+    calls = modes[mode]["reader"].get("read_calls")
+    return _ratio(calls["writing"]["p95_s"], calls["quiet"]["p95_s"]) if calls else None
+
+
 def cross_run_ratio(modes: Dict[str, Dict[str, object]], mode: str) -> Optional[float]:
     """``mode``'s reader p95 while writing against the no-writer run's quiet p95, taken
     minutes apart (so it carries the disk's drift between the runs)."""
@@ -480,7 +494,8 @@ def _ratios(modes: Dict[str, Dict[str, object]], mode: str) -> Dict[str, Optiona
     quiet = reader["quiet"]["p95_s"]
     return {"saves": p95_ratio(modes, mode),
             "saves_2_plus": p95_ratio(modes, mode, "writing_later"),
-            "data_write": _ratio(reader["phases"]["write"].get("p95_s"), quiet)}
+            "data_write": _ratio(reader["phases"]["write"].get("p95_s"), quiet),
+            "read_calls": read_call_ratio(modes, mode)}
 
 
 def print_against_fio(reference: Optional[Dict[str, object]]) -> None:
@@ -490,12 +505,13 @@ def print_against_fio(reference: Optional[Dict[str, object]]) -> None:
     source = {"auto": "auto's", "deadline": "the deadline's"}[reference["source"]]
     print(f"fio writing {format_size(reference['nbytes'])} per save at {source} pace "
           f"({reference['rate'] / 1e9:.3f} GB/s) put the reader's p95 at {fio['saves']} x quiet "
-          f"(saves 2+: {fio['saves_2_plus']}; data writes: {fio['data_write']})")
+          f"(saves 2+: {fio['saves_2_plus']}; data writes: {fio['data_write']}; read calls: "
+          f"{fio['read_calls']})")
     for mode in ("auto", "auto+read_slo"):
         if mode in reference:
             over = reference[mode]["over_fio"]
             print(f"  {mode}: {over['saves']} x fio's (saves 2+: {over['saves_2_plus']}; "
-                  f"data writes: {over['data_write']})")
+                  f"data writes: {over['data_write']}; read calls: {over['read_calls']})")
 
 
 def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:
@@ -514,6 +530,7 @@ def table(modes: Dict[str, Dict[str, object]], schedule: Schedule) -> None:
             "p95 x quiet": p95_ratio(modes, mode),
             "saves 2+": p95_ratio(modes, mode, "writing_later"),
             "per-save median": per_save_median(modes, mode),
+            "read calls p95 x quiet": read_call_ratio(modes, mode),
             "p95 x no-writer run": cross_run_ratio(modes, mode),
             "reader p99 ms writing": _ms(writing["p99_s"])})
     _bench.print_table(rows, list(rows[0]) if rows else [])

@@ -11,8 +11,10 @@ delay the schedule, and a drive emulator can place it under the same throttle:
 
     python benchmarks/_open_loop.py FILE --rate 250 --block 131072 --out reads.json
 
-It reads until SIGTERM or SIGINT, then writes {"reads": [[due, latency], ...]} with ``due`` in
-time.perf_counter() seconds (CLOCK_MONOTONIC: the same clock in every process of the machine).
+It reads until SIGTERM or SIGINT, then writes {"reads": [[due, latency, waited], ...]} with
+``due`` in time.perf_counter() seconds (CLOCK_MONOTONIC: the same clock in every process of the
+machine) and ``waited`` the part of ``latency`` before the read call was made (the reader's own
+timer and threads: the CPU's share, not the drive's; see :func:`read_calls`).
 """
 
 from __future__ import annotations
@@ -54,22 +56,23 @@ def make_file(path: Path, size: int) -> Path:
 
 
 def read_schedule(path: str, rate: float, block: int, stop: threading.Event,
-                  seed: int = 0) -> List[Tuple[float, float]]:
-    """Sends reads every 1/rate s until ``stop``; returns (due, latency) per read."""
+                  seed: int = 0) -> List[Tuple[float, float, float]]:
+    """Sends reads every 1/rate s until ``stop``; returns (due, latency, waited) per read."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
     blocks = os.fstat(fd).st_size // block
     if blocks < 1:
         raise ValueError(f"{path} is smaller than one {block}-byte read")
     local = threading.local()
     rng = random.Random(seed)
-    out: List[Tuple[float, float]] = []
+    out: List[Tuple[float, float, float]] = []
 
     def one(due: float, offset: int) -> None:
         buf = getattr(local, "buf", None)
         if buf is None:  # O_DIRECT needs an aligned buffer: an anonymous map is page-aligned
             buf = local.buf = mmap.mmap(-1, block)
+        sent = time.perf_counter()
         os.preadv(fd, [buf], offset)
-        out.append((due, time.perf_counter() - due))
+        out.append((due, time.perf_counter() - due, sent - due))
 
     period = 1.0 / rate
     with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
@@ -98,7 +101,7 @@ class OpenLoopReader:
              "--block", str(self.block), "--out", str(self.out)])
         return self.process.pid
 
-    def stop(self) -> List[Tuple[float, float]]:
+    def stop(self) -> List[Tuple[float, float, float]]:
         if self.process is None:
             return []
         self.process.send_signal(signal.SIGTERM)
@@ -109,11 +112,20 @@ class OpenLoopReader:
         return [tuple(r) for r in json.loads(self.out.read_text())["reads"]]
 
 
-def latency_summary(reads: Sequence[Tuple[float, float]], *bounds: float) -> Dict[str, object]:
+def read_calls(reads: Sequence[Tuple[float, ...]]) -> List[Tuple[float, float]]:
+    """(due, seconds in the read call) per read: the latency less the wait before the call.
+
+    On a 2-core machine a busy core delays the reader's timer and threads as much as a disk
+    write delays its reads; the read call alone is what the drive (and the kernel under it)
+    took, so a writer's cost to the drive shows apart from its cost to the CPU."""
+    return [(due, latency - waited) for due, latency, waited, *_ in reads]
+
+
+def latency_summary(reads: Sequence[Tuple[float, ...]], *bounds: float) -> Dict[str, object]:
     """p50/p95/p99 (seconds) of the reads due in [bounds[0], bounds[1]) (and in each further
     pair of bounds)."""
     spans = list(zip(bounds[::2], bounds[1::2]))
-    lat = sorted(latency for due, latency in reads if any(a <= due < b for a, b in spans))
+    lat = sorted(latency for due, latency, *_ in reads if any(a <= due < b for a, b in spans))
     if not lat:
         return {"reads": 0, "p50_s": None, "p95_s": None, "p99_s": None, "max_s": None}
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99

@@ -4,14 +4,17 @@
     python benchmarks/reads_beside_writes.py [--dir bench-data/reads-beside] [--rounds 12]
     python benchmarks/reads_beside_writes.py --rate 120MB,250MB,380MB,600MB \
         --conditions write-over        # what each pace costs the reads: a curve and its plot
+    python benchmarks/reads_beside_writes.py --rate 570MB --request 1MiB,256KiB,64KiB \
+        --conditions write-over        # what each request size costs them at one pace
 
 An open-loop reader (250 random 128 KiB O_DIRECT reads/s, latency from each read's scheduled
 time: benchmarks/_open_loop.py) runs throughout. Beside it, in windows of ``--window`` seconds
 shuffled anew each round, one of:
 
 - ``idle``: nothing (the baseline);
-- ``write-new``: the checkpoint writer's paced write (``--rate``, 1 MiB requests, 8 in flight,
-  flashstream's engine) into a new, preallocated file, as a save without recycling makes;
+- ``write-new``: the checkpoint writer's paced write (``--rate``, ``--request`` bytes per
+  request, by default the writer's ``paced_chunk_size``, 8 in flight, flashstream's engine)
+  into a new, preallocated file, as a save without recycling makes;
 - ``write-over``: the same write over an existing file's blocks, as a recycled save makes;
 - ``free-unlink``: unlinking a written file of the same size (then ``sync``);
 - ``free-gradual``: freeing it 8 MiB at a time as the writer does on online-discard
@@ -21,11 +24,14 @@ With several ``--rate`` values, each write condition runs once per rate (``write
 250 MB/s``, ...), all shuffled into the same rounds, and a plot shows the reader's p95 against
 idle over the pace: the price in read latency of the rate a checkpoint's deadline asks for,
 whoever writes it (on this project's disk it rose with the pace from 120 MB/s on, and no
-request shape moved it).
+request shape moved it). With several ``--request`` sizes, each write condition runs once per
+size (and rate).
 
 Files are laid out and removed between windows, outside them. Per condition: the reader's
-p50/p95/p99 over all its windows, the p95 against idle's (pooled), and the median of the
-per-round ratios (each round's windows are minutes apart at most, so the disk's drift cancels).
+p50/p95/p99 over all its windows, the p95 against idle's (pooled), the median of the
+per-round ratios (each round's windows are minutes apart at most, so the disk's drift cancels),
+and the same median for the read calls alone (the latency less the wait before the call:
+the drive's share, apart from the CPU's; ``_open_loop.read_calls``).
 JSON beside it. Interleaving is the point: on this project's disk the idle p95 itself moves
 0.8-4 ms from one minute to the next, more than most of these effects.
 """
@@ -46,11 +52,11 @@ from typing import Dict, List, Optional, Tuple
 import _bench
 import _open_loop
 import _plot
-from _open_loop import latency_summary
+from _open_loop import latency_summary, read_calls
 
 from flashstream import engine
-from flashstream.checkpoint import store
-from flashstream.sizes import parse_size
+from flashstream.checkpoint import WriterConfig, store
+from flashstream.sizes import format_size, parse_size
 
 CONDITIONS = ("idle", "write-new", "write-over", "free-unlink", "free-gradual")
 WRITES = ("write-new", "write-over")  # the conditions that run once per --rate
@@ -65,6 +71,10 @@ def main(argv=None) -> int:
                    help="the paced writes' bytes per second (default 500MB: a deadline pace "
                         "of the emulated plc benchmark here); a comma-separated list sweeps "
                         "the write conditions over each rate")
+    p.add_argument("--request", default=None,
+                   help="bytes per write request (default: the checkpoint writer's "
+                        "paced_chunk_size); a comma-separated list runs the write conditions "
+                        "once per size")
     p.add_argument("--window", type=float, default=2.0, help="seconds per window")
     p.add_argument("--rounds", type=int, default=12, help="windows per condition")
     p.add_argument("--conditions", default=",".join(CONDITIONS),
@@ -87,49 +97,61 @@ def main(argv=None) -> int:
              if r.strip()]
     if not rates or min(rates) <= 0 or len(set(rates)) != len(rates):
         p.error("--rate: one or more distinct positive sizes per second, e.g. 250MB,500MB")
-    # label: (condition, rate); a write condition once per rate
-    conditions: Dict[str, Tuple[str, float]] = {"idle": ("idle", 0.0)}
+    requests = [int(parse_size(r.strip(), name="--request"))
+                for r in (args.request or str(WriterConfig().paced_chunk_size)).split(",")
+                if r.strip()]
+    if not requests or len(set(requests)) != len(requests) or \
+            any(r <= 0 or r % 4096 for r in requests):
+        p.error("--request: one or more distinct sizes, multiples of 4KiB, e.g. 1MiB,256KiB")
+    # label: (condition, rate, request); a write condition once per rate and request size
+    conditions: Dict[str, Tuple[str, float, int]] = {"idle": ("idle", 0.0, 0)}
     for condition in CONDITIONS[1:]:
         if condition in chosen:
             for rate in rates if condition in WRITES else [max(rates)]:
-                conditions[_label(condition, rate, len(rates))] = (condition, rate)
+                for request in requests if condition in WRITES else [0]:
+                    label = _label(condition, rate, len(rates), request, len(requests))
+                    conditions[label] = (condition, rate, request)
     args.dir.mkdir(parents=True, exist_ok=True)
     info = _bench.environment(args.dir)
     _bench.print_header(info)
     size = int(max(rates) * args.window) // (1 << 20) * (1 << 20)
     print(f"{args.rounds} rounds of {len(conditions)} windows of {args.window:.1f} s; writes of "
-          f"{args.window:.1f} s at {', '.join(f'{r / 1e6:,.0f}' for r in rates)} MB/s; "
+          f"{args.window:.1f} s at {', '.join(f'{r / 1e6:,.0f}' for r in rates)} MB/s in "
+          f"{', '.join(format_size(r) for r in requests)} requests; "
           f"reader {args.reader_rate:.0f} x {args.reader_block}/s")
     windows, reads = run(args, conditions, size)
     rows, results = summarize(list(conditions), windows, reads, args.rounds)
     for label, result in results.items():
-        result["condition"], result["rate"] = conditions[label]
+        result["condition"], result["rate"], result["request"] = conditions[label]
     _bench.print_table(rows, list(rows[0]))
     payload = {"environment": info, "rate": rates[0] if len(rates) == 1 else None,
-               "rates": rates, "window_s": args.window, "rounds": args.rounds,
+               "rates": rates, "requests": requests, "window_s": args.window, "rounds": args.rounds,
                "file_bytes": size, "conditions": results,
                "windows": [[r, c, a, b] for r, c, a, b in windows]}
-    if len(rates) > 1:
+    if len(rates) > 1 and len(requests) == 1:
         _bench.write_outputs(payload, args.json, plot, args.plot or args.json.with_suffix(".png"))
     else:
         print(f"\nJSON: {_bench.write_json(args.json, payload)}")
     return 0
 
 
-def _label(condition: str, rate: float, rates: int) -> str:
-    return f"{condition} {rate / 1e6:,.0f} MB/s" if rates > 1 and condition in WRITES \
-        else condition
+def _label(condition: str, rate: float, rates: int, request: int, requests: int) -> str:
+    if condition not in WRITES:
+        return condition
+    return " ".join([condition] + ([f"{rate / 1e6:,.0f} MB/s"] if rates > 1 else [])
+                    + ([f"in {format_size(request)}"] if requests > 1 else []))
 
 
-def run(args, conditions: Dict[str, Tuple[str, float]], size: int
-        ) -> Tuple[List[Tuple[int, str, float, float]], List[Tuple[float, float]]]:
+def run(args, conditions: Dict[str, Tuple[str, float, int]], size: int
+        ) -> Tuple[List[Tuple[int, str, float, float]], List[Tuple[float, float, float]]]:
     work = args.dir / "files"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     data = mmap.mmap(-1, size)
     data[:] = os.urandom(1 << 20) * (size >> 20)
     over = work / "over.bin"
-    _write(over, data, 0.0)  # the recycled file: laid out once, written over in its windows
+    # The recycled file: laid out once, written over in its windows.
+    _write(over, data, 0.0, 1 << 20)
     reader_file = _open_loop.make_file(args.dir / "reader.bin", 1 << 30)
     reader = _open_loop.OpenLoopReader(reader_file, rate=args.reader_rate,
                                        block=parse_size(args.reader_block),
@@ -143,19 +165,19 @@ def run(args, conditions: Dict[str, Tuple[str, float]], size: int
             order = list(conditions)
             rng.shuffle(order)
             for label in order:
-                condition, rate = conditions[label]
+                condition, rate, request = conditions[label]
                 victim = work / "victim.bin"
                 if condition.startswith("free"):
-                    _write(victim, data, 0.0)
+                    _write(victim, data, 0.0, 1 << 20)
                     os.sync()
                     time.sleep(SETTLE_S)
                 start = time.perf_counter()
                 # Each write lasts the window: rate x window bytes (all of them at the top rate).
                 part = memoryview(data)[:int(rate * args.window) // (1 << 20) * (1 << 20)]
                 if condition == "write-new":
-                    _write(work / "new.bin", part, rate, total=size)
+                    _write(work / "new.bin", part, rate, request, total=size)
                 elif condition == "write-over":
-                    _write(over, part, rate, existing=True, total=size)
+                    _write(over, part, rate, request, existing=True, total=size)
                 elif condition == "free-unlink":
                     os.unlink(victim)
                     os.sync()
@@ -177,14 +199,14 @@ def run(args, conditions: Dict[str, Tuple[str, float]], size: int
     return windows, got
 
 
-def _write(path: Path, data, rate: float, existing: bool = False,
+def _write(path: Path, data, rate: float, request: int, existing: bool = False,
            total: Optional[int] = None) -> None:
     """Writes ``data`` at the start of a file of ``total`` bytes (default: just ``data``)."""
     total = len(data) if total is None else total
     out = engine.open_output(path, total, engine="auto", direct=True, existing=existing)
     try:
         out.write(data, 0, chunk_size=8 << 20, queue_depth=8, rate=rate,
-                  paced_chunk_size=1 << 20)
+                  paced_chunk_size=request)
         out.commit(total)
     except BaseException:
         out.close()
@@ -192,20 +214,27 @@ def _write(path: Path, data, rate: float, existing: bool = False,
 
 
 def summarize(conditions: List[str], windows, reads, rounds: int):
-    def summary(condition: str, round_=None) -> Dict[str, object]:
+    calls = read_calls(reads)
+
+    def summary(condition: str, round_=None, of=reads) -> Dict[str, object]:
         bounds = [t for r, c, a, b in windows
                   if c == condition and (round_ is None or r == round_) for t in (a, b)]
-        return latency_summary(reads, *bounds)
+        return latency_summary(of, *bounds)
+
+    def per_round(condition: str, of=reads) -> List[float]:
+        return [summary(condition, r, of)["p95_s"] / summary("idle", r, of)["p95_s"]
+                for r in range(rounds)]
 
     idle = summary("idle")["p95_s"]
-    idle_by_round = [summary("idle", r)["p95_s"] for r in range(rounds)]
     rows: List[Dict[str, object]] = []
     results: Dict[str, Dict[str, object]] = {}
     for condition in conditions:
         result = summary(condition)
-        per_round = [summary(condition, r)["p95_s"] / idle_by_round[r] for r in range(rounds)]
-        result.update(p95_x_idle=result["p95_s"] / idle, p95_x_idle_per_round=per_round,
-                      p95_x_idle_round_median=statistics.median(per_round))
+        ratios, call_ratios = per_round(condition), per_round(condition, calls)
+        result.update(p95_x_idle=result["p95_s"] / idle, p95_x_idle_per_round=ratios,
+                      p95_x_idle_round_median=statistics.median(ratios),
+                      read_calls=summary(condition, of=calls),
+                      read_calls_p95_x_idle_round_median=statistics.median(call_ratios))
         results[condition] = result
         rows.append({"beside the reader": condition, "reads": result["reads"],
                      "p50 ms": round(result["p50_s"] * 1e3, 2),
@@ -213,7 +242,9 @@ def summarize(conditions: List[str], windows, reads, rounds: int):
                      "p99 ms": round(result["p99_s"] * 1e3, 2),
                      "p95 x idle": round(result["p95_x_idle"], 2),
                      "per-round median": round(result["p95_x_idle_round_median"], 2),
-                     "per round": " ".join(f"{x:.2f}" for x in per_round)})
+                     "read calls: per-round median": round(
+                         result["read_calls_p95_x_idle_round_median"], 2),
+                     "per round": " ".join(f"{x:.2f}" for x in ratios)})
     return rows, results
 
 

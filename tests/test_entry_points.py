@@ -146,6 +146,11 @@ def test_emulated_checkpoint_benchmark_runs_auto_and_fio_at_its_pace(tmp_path):
     assert [s["step"] for s in auto["saves"]] == [1, 2]
     assert auto["writer"] == {"rate": "auto", "within": result["schedule"]["within"]}
     assert auto["reader"]["quiet"]["reads"] > 0 and auto["timeline"]
+    # the read calls alone (the drive's share of each read) beside the latency from due
+    calls = auto["reader"]["read_calls"]["quiet"]
+    assert calls["reads"] == auto["reader"]["quiet"]["reads"]
+    assert 0 < calls["p50_s"] <= auto["reader"]["quiet"]["p50_s"]
+    assert all(len(r) == 3 and -1e-3 <= r[2] <= r[1] + 1e-6 for r in auto["reads"])
     if fio_available():
         assert "per save at auto's pace" in out
         fio = modes["fio-paced"]
@@ -162,7 +167,8 @@ def test_emulated_checkpoint_benchmark_runs_auto_and_fio_at_its_pace(tmp_path):
             assert save["pacing"]["fio_gbps"] <= 1.25 * pace["rate"] / 1e9
         reference = result["against_fio"]
         assert reference is not None and reference["rate"] == pace["rate"]
-        assert set(reference["auto"]["over_fio"]) == {"saves", "saves_2_plus", "data_write"}
+        assert set(reference["auto"]["over_fio"]) == {"saves", "saves_2_plus", "data_write",
+                                                      "read_calls"}
     assert result["targets"] and (tmp_path / "emulated.png").stat().st_size > 10_000
 
 
@@ -250,8 +256,29 @@ def test_reads_beside_writes_sweeps_the_pace(tmp_path):
     assert sorted(w[1] for w in result["windows"]) == sorted(list(conditions) * 2)
 
 
+def test_reads_beside_writes_sweeps_the_request_size(tmp_path):
+    """Each write condition once per --request size, and the read calls apart from the wait
+    before them (the drive's share of each read's latency)."""
+    out_json = tmp_path / "o.json"
+    out = run(ROOT / "benchmarks" / "reads_beside_writes.py", "--dir", tmp_path / "d",
+              "--rounds", "2", "--window", "0.3", "--rate", "40MB", "--request", "64KiB,1MiB",
+              "--conditions", "write-over", "--json", out_json)
+    assert "read calls" in out
+    conditions = json.loads(out_json.read_text())["conditions"]
+    assert list(conditions) == ["idle", "write-over in 64.0 KiB", "write-over in 1.0 MiB"]
+    assert [c["request"] for c in conditions.values()] == [0, 64 << 10, 1 << 20]
+    for c in conditions.values():
+        assert c["read_calls"]["reads"] == c["reads"] > 0
+        assert c["read_calls"]["p50_s"] <= c["p50_s"]
+        assert c["read_calls_p95_x_idle_round_median"] > 0
+
+
 def test_reads_beside_writes_rejects_a_bad_rate_list(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reads_beside_writes.py"),
                            "--dir", str(tmp_path / "d"), "--rate", "20MB,20MB"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "distinct positive" in proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reads_beside_writes.py"),
+                           "--dir", str(tmp_path / "d"), "--request", "1000"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "multiples of 4KiB" in proc.stderr
