@@ -2,11 +2,12 @@
 
 checkpoint.py --emulate runs it as the ``fio-paced`` writer: the same schedule as the
 checkpoint writers, each save replaced by fio writing as many bytes as auto's saves did, with
-O_DIRECT, at the pace auto averaged in the same run (``--rate``; 1 MiB requests, the checkpoint
-writer's paced request size, with the benchmark's ``--queue-depth``, though fio waits for its
-queue to drain before each pause, so while on pace it has about one request in flight), and an
-fsync at the end. The first save lays out a new file (``fallocate``, as the checkpoint writer
-reserves one), the later ones write over it in place, as a recycling writer's saves do. What
+O_DIRECT, at the pace auto averaged in the same run (``--rate``; requests of the checkpoint
+writer's paced request size, ``WriterConfig.paced_chunk_size``, with the benchmark's
+``--queue-depth``, though fio waits for its queue to drain before each pause, so while on pace
+it has about one request in flight), and an fsync at the end. The first save lays out a new
+file (``fallocate``, as the checkpoint writer reserves one), the later ones write over it in
+place, as a recycling writer's saves do. What
 the reader suffers beside it is what a plain write of those bytes at that pace, by the field's
 standard tool, costs reads on this drive: auto's reader ratio is set against it. A reference,
 not a proven lower bound: a flatter or finer-grained write could cost the reads less.
@@ -20,10 +21,13 @@ import time
 from pathlib import Path
 from typing import Dict, Tuple
 
+from flashstream.checkpoint import WriterConfig
 from flashstream.emulation import DriveEmulator
 from flashstream.telemetry.fio import fio_command, fio_result
 
-REQUEST = 1 << 20   # the checkpoint writer's paced_chunk_size default
+# The checkpoint writer's paced request size: on this project's disk the request size, not the
+# writer, set most of what a paced write costs the reads (docs/emulation.md).
+REQUEST = int(WriterConfig().paced_chunk_size)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,7 +98,7 @@ class WriterConfig:
     recycle: bool = True
     if_busy: str = "wait"
     chunk_size: Size = "8MiB"
-    paced_chunk_size: Size = "1MiB"
+    paced_chunk_size: Size = "256KiB"
     queue_depth: int = 8
     engine: Optional[str] = None
     direct: Optional[bool] = None
