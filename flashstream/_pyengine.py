@@ -29,6 +29,8 @@ __all__ = ["Kernels", "PythonOutputFile", "PythonReader", "python_read_into"]
 # Every logical block size in use is a divisor of 4096, so 4096-aligned requests into
 # page-aligned (mmap) buffers are valid O_DIRECT requests on any device.
 _ALIGN = 4096
+# Paced requests grow with the rate past this many a second (csrc/io/bulk_file.cpp says why).
+MAX_PACED_REQUESTS_PER_S = 4000
 
 
 class _File:
@@ -493,7 +495,9 @@ class _PacedWrite:
         if self.control is not None and self.control.rate != self.pacer.rate:
             self.pacer = self._make_pacer(self.control.rate)  # a fresh schedule: no burst
         if self.pacer is not None and self.pacer.rate > 0:
-            length = min(length, paced_length)
+            # As the core: paced requests grow with the rate past MAX_PACED_REQUESTS_PER_S.
+            grown = int(min(self.pacer.rate / MAX_PACED_REQUESTS_PER_S, length)) // _ALIGN * _ALIGN
+            length = min(length, max(paced_length, grown))
         if self.pacer is not None and self.error is None:
             now = time.perf_counter()
             delay = self.pacer.admit(length, now - self.start)

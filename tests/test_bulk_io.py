@@ -252,9 +252,10 @@ def test_fixed_rate_pacing(tmp_path, engine):
 
 
 def test_paced_requests_are_cut_to_paced_chunk_size(tmp_path, engine):
-    # A rate far above the disk's speed paces (the schedule runs) without slowing the test.
+    # A rate above the disk's speed paces (the schedule runs) without slowing the test, and
+    # below the one at which requests grow (4000 a second of 1 MiB).
     data = aligned(8 * MiB + 3 * ALIGN, seed=4)
-    fast = 1e12
+    fast = 4e9
     paced = write_file(tmp_path / "paced.bin", data, engine, rate=fast, chunk_size=4 * MiB,
                        paced_chunk_size=MiB, crc_bounds=[0, len(data)])
     unpaced = write_file(tmp_path / "unpaced.bin", data, engine, chunk_size=4 * MiB,
@@ -266,6 +267,20 @@ def test_paced_requests_are_cut_to_paced_chunk_size(tmp_path, engine):
     wide = write_file(tmp_path / "wide.bin", data, engine, rate=fast, chunk_size=MiB,
                       paced_chunk_size=4 * MiB)
     assert wide["requests"] == 9
+
+
+def test_paced_requests_grow_with_a_high_rate(tmp_path, engine):
+    """Past 4000 paced requests a second each one's wake-up costs the pace more than a short
+    request saves the reads: at 8 GB/s, 1 MiB requests grow to 2 MB (aligned down), and at
+    1e12 bytes/s to chunk_size."""
+    data = aligned(8 * MiB, seed=5)
+    grown = write_file(tmp_path / "grown.bin", data, engine, rate=8e9, chunk_size=4 * MiB,
+                       paced_chunk_size=MiB)
+    assert grown["requests"] == -(-len(data) // (2_000_000 // ALIGN * ALIGN))
+    assert (tmp_path / "grown.bin").read_bytes() == data.tobytes()
+    widest = write_file(tmp_path / "widest.bin", data, engine, rate=1e12, chunk_size=4 * MiB,
+                        paced_chunk_size=MiB)
+    assert widest["requests"] == 2
 
 
 def test_paced_chunk_size_must_be_aligned(tmp_path, engine):
