@@ -23,11 +23,13 @@ from typing import Dict, Tuple
 
 from flashstream.checkpoint import WriterConfig
 from flashstream.emulation import DriveEmulator
+from flashstream.sizes import parse_size
 from flashstream.telemetry.fio import fio_command, fio_result
 
 # The checkpoint writer's paced request size: on this project's disk the request size, not the
 # writer, set most of what a paced write costs the reads (docs/emulation.md).
-REQUEST = int(WriterConfig().paced_chunk_size)
+REQUEST = parse_size(next(f.default for f in dataclasses.fields(WriterConfig)
+                          if f.name == "paced_chunk_size"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,7 +88,8 @@ def read_schedule(path: str, rate: float, block: int, stop: threading.Event,
 
 
 class OpenLoopReader:
-    """The reader as a child process: start(), then stop() returns its (due, latency) reads."""
+    """The reader as a child process: start(), then stop() returns its reads
+    (due, latency, waited)."""
 
     def __init__(self, path: Path, *, rate: float, block: int, out: Path) -> None:
         self.path, self.rate, self.block, self.out = path, rate, block, out
@@ -116,8 +117,10 @@ def read_calls(reads: Sequence[Tuple[float, ...]]) -> List[Tuple[float, float]]:
     """(due, seconds in the read call) per read: the latency less the wait before the call.
 
     On a 2-core machine a busy core delays the reader's timer and threads as much as a disk
-    write delays its reads; the read call alone is what the drive (and the kernel under it)
-    took, so a writer's cost to the drive shows apart from its cost to the CPU."""
+    write delays its reads; the read call alone is mostly what the drive (and the kernel under
+    it) took, so a writer's cost to the drive shows apart from most of its cost to the CPU.
+    Not all: the thread's wake-up after the read is inside the call, and reads queued behind
+    MAX_IN_FLIGHT others (a stall of half a second and more) count their queueing as waiting."""
     return [(due, latency - waited) for due, latency, waited, *_ in reads]
 
 
