@@ -25,8 +25,8 @@ With several ``--rate`` values, each write condition runs once per rate (``write
 idle over the pace: the price in read latency of the rate a checkpoint's deadline asks for,
 whoever writes it (on this project's disk it rose with the pace from 120 MB/s on in 1 MiB
 requests; the read calls alone showed the request size moving it: at 570 MB/s 1.38 x idle in
-1 MiB requests, 1.00 x in 256 KiB). With several ``--request`` sizes, each write condition runs once per
-size (and rate).
+1 MiB requests, 1.00 x in 256 KiB). With several ``--request`` sizes, each write condition
+runs once per size (and rate).
 
 Files are laid out and removed between windows, outside them. Per condition: the reader's
 p50/p95/p99 over all its windows, the p95 against idle's (pooled), the median of the
