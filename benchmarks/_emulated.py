@@ -325,6 +325,8 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
     zero = drive.started
     busy_end = max([end] + [s["done_s"] + zero for s in saves])
     writing = [(s["called_s"] + zero, s["done_s"] + zero) for s in saves]
+    saving = [t for span in writing for t in span]  # flat bounds, as latency_summary takes
+    calls = read_calls(reads)
     quiet = _complement(begin + WARMUP_S, after + IDLE_S,
                         [(a, b + QUIET_AFTER_SAVE_S) for a, b in writing] + steps
                         + [(busy_end, after)])
@@ -338,24 +340,22 @@ def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
                                            after, after + IDLE_S),
                    "idle_before": latency_summary(reads, begin + WARMUP_S, first_due),
                    "idle_after": latency_summary(reads, after, after + IDLE_S),
-                   "writing": latency_summary(reads, *[t for span in writing for t in span]),
+                   "writing": latency_summary(reads, *saving),
                    # The first scheduled save writes a new file: nothing was pruned before
                    # it. From the second on, each writes over a recycled one (recycle=True).
                    "writing_later": latency_summary(
                        reads, *[t for span in writing[1:] for t in span]),
                    "quiet": latency_summary(reads, *quiet),
                    # The read call alone (without the wait before it): the drive's share.
-                   "read_calls": {
-                       "quiet": latency_summary(read_calls(reads), *quiet),
-                       "writing": latency_summary(
-                           read_calls(reads), *[t for span in writing for t in span])},
+                   "read_calls": {"quiet": latency_summary(calls, *quiet),
+                                  "writing": latency_summary(calls, *saving)},
                    "per_save": per_save(reads, writing, quiet),
                    "phases": _phases(reads, saves, zero, first_due, busy_end)},
         "timeline": [[round(p.seconds, 3), p.fill, p.cliff, p.write_rate, p.read_rate]
                      for p in drive.timeline],
         "training_steps": [[round(a - zero, 3), round(b - zero, 3)] for a, b in steps],
-        "reads": [[round(d - zero, 4), round(lat, 6), *[round(x, 6) for x in rest]]
-                  for d, lat, *rest in reads],
+        "reads": [[round(d - zero, 4), round(lat, 6), round(waited, 6)]
+                  for d, lat, waited in reads],
         "zero": zero,
     }
 

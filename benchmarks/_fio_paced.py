@@ -28,8 +28,7 @@ from flashstream.telemetry.fio import fio_command, fio_result
 
 # The checkpoint writer's paced request size: on this project's disk the request size, not the
 # writer, set most of what a paced write costs the reads (docs/emulation.md).
-REQUEST = parse_size(next(f.default for f in dataclasses.fields(WriterConfig)
-                          if f.name == "paced_chunk_size"))
+REQUEST = parse_size(WriterConfig.paced_chunk_size)  # the field's default
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if not rates or min(rates) <= 0 or len(set(rates)) != len(rates):
         p.error("--rate: one or more distinct positive sizes per second, e.g. 250MB,500MB")
     requests = [int(parse_size(r.strip(), name="--request"))
-                for r in (args.request or str(WriterConfig().paced_chunk_size)).split(",")
+                for r in (args.request or WriterConfig.paced_chunk_size).split(",")
                 if r.strip()]
     if not requests or len(set(requests)) != len(requests) or \
             any(r <= 0 or r % 4096 or r > CHUNK for r in requests):
@@ -157,7 +157,7 @@ def run(args, conditions: Dict[str, Tuple[str, float, int]], size: int
     data[:] = os.urandom(1 << 20) * (size >> 20)
     over = work / "over.bin"
     # The recycled file: laid out once, written over in its windows.
-    _write(over, data, 0.0, 1 << 20)
+    _write(over, data, 0.0)
     reader_file = _open_loop.make_file(args.dir / "reader.bin", 1 << 30)
     reader = _open_loop.OpenLoopReader(reader_file, rate=args.reader_rate,
                                        block=parse_size(args.reader_block),
@@ -174,16 +174,16 @@ def run(args, conditions: Dict[str, Tuple[str, float, int]], size: int
                 condition, rate, request = conditions[label]
                 victim = work / "victim.bin"
                 if condition.startswith("free"):
-                    _write(victim, data, 0.0, 1 << 20)
+                    _write(victim, data, 0.0)
                     os.sync()
                     time.sleep(SETTLE_S)
                 start = time.perf_counter()
                 # Each write lasts the window: rate x window bytes (all of them at the top rate).
                 part = memoryview(data)[:int(rate * args.window) // (1 << 20) * (1 << 20)]
                 if condition == "write-new":
-                    _write(work / "new.bin", part, rate, request, total=size)
+                    _write(work / "new.bin", part, rate, request=request, total=size)
                 elif condition == "write-over":
-                    _write(over, part, rate, request, existing=True, total=size)
+                    _write(over, part, rate, request=request, existing=True, total=size)
                 elif condition == "free-unlink":
                     os.unlink(victim)
                     os.sync()
@@ -205,9 +205,10 @@ def run(args, conditions: Dict[str, Tuple[str, float, int]], size: int
     return windows, got
 
 
-def _write(path: Path, data, rate: float, request: int, existing: bool = False,
+def _write(path: Path, data, rate: float, request: int = 0, existing: bool = False,
            total: Optional[int] = None) -> None:
-    """Writes ``data`` at the start of a file of ``total`` bytes (default: just ``data``)."""
+    """Writes ``data`` at the start of a file of ``total`` bytes (default: just ``data``),
+    paced at ``rate`` in ``request``-byte requests (0 and unpaced: CHUNK)."""
     total = len(data) if total is None else total
     out = engine.open_output(path, total, engine="auto", direct=True, existing=existing)
     try:
@@ -227,19 +228,20 @@ def summarize(conditions: List[str], windows, reads, rounds: int):
                   if c == condition and (round_ is None or r == round_) for t in (a, b)]
         return latency_summary(of, *bounds)
 
-    idle_by_round = {id(of): [summary("idle", r, of)["p95_s"] for r in range(rounds)]
-                     for of in (reads, calls)}
+    def per_round(of):
+        """A condition's p95 against idle's, round by round, for reads ``of``."""
+        idle_p95 = [summary("idle", r, of)["p95_s"] for r in range(rounds)]
+        return lambda condition: [summary(condition, r, of)["p95_s"] / idle_p95[r]
+                                  for r in range(rounds)]
 
-    def per_round(condition: str, of=reads) -> List[float]:
-        return [summary(condition, r, of)["p95_s"] / idle_by_round[id(of)][r]
-                for r in range(rounds)]
+    latency_per_round, calls_per_round = per_round(reads), per_round(calls)
 
     idle = summary("idle")["p95_s"]
     rows: List[Dict[str, object]] = []
     results: Dict[str, Dict[str, object]] = {}
     for condition in conditions:
         result = summary(condition)
-        ratios, call_ratios = per_round(condition), per_round(condition, calls)
+        ratios, call_ratios = latency_per_round(condition), calls_per_round(condition)
         result.update(p95_x_idle=result["p95_s"] / idle, p95_x_idle_per_round=ratios,
                       p95_x_idle_round_median=statistics.median(ratios),
                       read_calls=summary(condition, of=calls),
@@ -272,11 +274,10 @@ def plot(payload: Dict[str, object], path: Path) -> Optional[Path]:
                         if r["condition"] == condition and r["request"] == request)
         if points:
             mbps, pooled, median = zip(*points)
-            if len(requests) > 1:
-                condition = f"{condition} in {format_size(request)}"
-            line, = ax.plot(mbps, pooled, "o-", label=f"{condition}: pooled")
+            name = f"{condition} in {format_size(request)}" if len(requests) > 1 else condition
+            line, = ax.plot(mbps, pooled, "o-", label=f"{name}: pooled")
             ax.plot(mbps, median, "s--", color=line.get_color(), alpha=0.6,
-                    label=f"{condition}: median of rounds")
+                    label=f"{name}: median of rounds")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("write pace, MB/s")
     ax.set_ylabel("reader p95 / idle p95")
