@@ -119,6 +119,9 @@ class OutputFile(Protocol):
     runs (it then alone sets the pace) and reads the write's progress from.
     ``paced_chunk_size``: while a rate is in force, requests are at most this long (0:
     ``chunk_size``); a read that arrives behind a paced write then waits for a short request.
+    Past 4,000 requests a second (rate / paced_chunk_size) they grow with the rate instead,
+    up to ``chunk_size``: each paced request costs the pacer a wake-up, and a pace near the
+    drive's peak would fall behind.
     """
 
     path: str

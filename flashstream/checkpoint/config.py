@@ -75,7 +75,8 @@ class WriterConfig:
     chunk_size, queue_depth: write request size and requests in flight.
     paced_chunk_size: request size while a rate is in force (a fixed rate, ``within``, or
         rate="auto" once it paces): a read on the same drive then waits behind a short
-        request, not a whole chunk_size one.
+        request, not a whole chunk_size one. Past 4,000 requests a second they grow with
+        the rate (up to chunk_size), so a pace near the drive's peak still holds.
     engine, direct: as for ShardStream (FLASHSTREAM_ENGINE / FLASHSTREAM_DIRECT).
     commit_timeout: seconds rank 0 waits for the other ranks' markers before giving up on
         marking a step complete (the step stays incomplete; the previous one stays latest).
