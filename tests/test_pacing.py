@@ -387,6 +387,8 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
             info += f"; attempt {attempt + 1} estimated {model.cache_size}"
             time.sleep(2 * settings.cache_size / settings.drain_rate + 1)
         assert model.has_cliff, info
+        info += (f"; learned cache {model.cache_size:.0f}, post {model.post_cache_rate:.0f}, "
+                 f"recovery {model.recovery_rate:.0f}")
         # Small caches at test scale: what is in flight at the cliff weighs more than at
         # full scale (docs/emulation.md gives the figures measured there).
         assert model.cache_size == pytest.approx(settings.cache_size, rel=0.2), info
@@ -414,5 +416,6 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
     for due, end, report in windows[1:]:
         assert report.pacing["plan"] == "model", info
         cliff = drive.cliff_seconds(due, end)
-        assert cliff == 0, (info, due, report.pacing)
+        assert cliff == 0, f"{info}; due {due:.2f} s: {cliff:.2f} s in the cliff; " \
+                           f"pacing {json.dumps(report.pacing, default=str)}"
     assert torch.equal(load_checkpoint(directory)["w"], state["w"])
