@@ -18,6 +18,7 @@ from flashstream.checkpoint.pacing import CachePlanner, PlanSettings
 from flashstream.emulation import DriveSettings, throttle_support
 from flashstream.telemetry.write_model import (
     WriteModel,
+    drained,
     find_cliff,
     learn_from_save,
     load_model,
@@ -26,23 +27,28 @@ from flashstream.telemetry.write_model import (
 MiB = 1 << 20
 
 
-def _run(planner: CachePlanner, drive_rate: float, dt: float = 0.05, limit: float = 120.0):
-    """Simulates a write steered by `planner` on a drive writing at most drive_rate; returns
-    (seconds, the most the cache estimate held)."""
+def _run(planner: CachePlanner, drive_rate: float, dt: float = 0.05, limit: float = 120.0,
+         others: float = 0.0, counter: bool = True):
+    """Simulates a write steered by `planner` on a drive writing at most drive_rate, beside
+    other writers giving the drive `others` bytes/s (seen through the drive's counter if
+    `counter`); returns (seconds, the most the cache estimate held, the most the cache held)."""
     t, done, peak = 0.0, 0.0, planner.fill
+    held, held_peak = planner.fill, planner.fill
     while done < planner.total and t < limit:
         pace = planner.rate() or drive_rate
-        done = min(planner.total, done + min(pace, drive_rate) * dt)
+        step = min(planner.total - done, min(pace, drive_rate) * dt)
+        done += step
         t += dt
-        planner.advance(done, t)
-        peak = max(peak, planner.fill)
-    return t, peak
+        held = drained(held + step + others * dt, planner.recovery, dt)
+        planner.advance(done, t, done + others * t if counter else None)
+        peak, held_peak = max(peak, planner.fill), max(held_peak, held)
+    return t, peak, held_peak
 
 
 def test_without_a_deadline_it_bursts_through_the_headroom_then_sustains():
     p = CachePlanner(total=2000 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB)
     assert p.rate() == 0  # headroom: unpaced
-    seconds, peak = _run(p, drive_rate=1000 * MiB)
+    seconds, peak, _ = _run(p, drive_rate=1000 * MiB)
     assert peak <= 0.85 * 1000 * MiB + 50 * MiB  # one step past the switch at most
     assert p.rate() == pytest.approx(0.9 * 100 * MiB) or p.done == p.total
 
@@ -51,7 +57,7 @@ def test_a_deadline_gives_the_flattest_cliff_free_rate():
     p = CachePlanner(total=1000 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB,
                      deadline=20.0)
     assert p.rate() == pytest.approx(1000 * MiB / 18.0)  # finish by 90% of the deadline
-    seconds, peak = _run(p, drive_rate=1000 * MiB)
+    seconds, peak, _ = _run(p, drive_rate=1000 * MiB)
     assert seconds <= 20.0 and not p.conflict
     assert peak < 0.85 * 1000 * MiB
 
@@ -60,7 +66,7 @@ def test_a_deadline_that_needs_the_cliff_follows_the_policy():
     kw = dict(total=3000 * MiB, cache_size=500 * MiB, recovery_rate=100 * MiB, deadline=10.0)
     avoid = CachePlanner(**kw)
     first = avoid.rate()
-    seconds, peak = _run(avoid, drive_rate=1000 * MiB)
+    seconds, peak, _ = _run(avoid, drive_rate=1000 * MiB)
     assert avoid.conflict and seconds > 10.0  # late, but out of the cliff
     assert peak <= 0.85 * 500 * MiB + 50 * MiB
     # Flat, not a burst: the fastest pace that ends at the headroom, R * recovery / (R - limit),
@@ -69,7 +75,7 @@ def test_a_deadline_that_needs_the_cliff_follows_the_policy():
     burst_then_sustain = (3000 - 425) / 90
     assert seconds < 0.95 * burst_then_sustain
     meet = CachePlanner(**kw, settings=PlanSettings(deadline_policy="meet-deadline"))
-    seconds, peak = _run(meet, drive_rate=1000 * MiB)
+    seconds, peak, _ = _run(meet, drive_rate=1000 * MiB)
     assert meet.conflict and seconds <= 10.0 and peak > 500 * MiB
     with pytest.raises(ValueError, match="avoid-cliff, meet-deadline"):
         PlanSettings(deadline_policy="late")
@@ -82,6 +88,53 @@ def test_the_cache_estimate_starts_from_what_the_last_save_left():
     model = WriteModel("x", cache_size=1000 * MiB, post_cache_rate=100 * MiB)
     model.set_fill(900 * MiB, when=time.time() - 5)
     assert model.fill_at() == pytest.approx(400 * MiB, rel=0.01)  # 5 s at 100 MiB/s
+
+
+def test_other_writers_fill_the_estimate_and_leave_this_save_less_drain():
+    kw = dict(total=3000 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB)
+    counted = CachePlanner(**kw)
+    seconds, peak, held = _run(counted, drive_rate=1000 * MiB, others=30 * MiB)
+    assert held <= 0.85 * 1000 * MiB + 50 * MiB  # the cache itself stays out of the cliff
+    assert counted.others_rate == pytest.approx(30 * MiB, rel=0.01)
+    assert counted.drain == pytest.approx(70 * MiB, rel=0.01)
+    # Sustained: 0.9 x the drain the others leave (while it had not finished yet).
+    assert counted.rate() == pytest.approx(0.9 * 70 * MiB, rel=0.01) or counted.done == 3000 * MiB
+    # Without the drive's counter the others are invisible: the cache fills past its size.
+    blind = CachePlanner(**kw)
+    _, _, held = _run(blind, drive_rate=1000 * MiB, others=30 * MiB, counter=False)
+    assert held > 1000 * MiB and blind.others_rate == 0
+
+
+def test_a_deadline_plans_with_the_drain_other_writers_leave():
+    # 1000 MiB by 90% of 20 s: 55.6 MiB/s fits 100 MiB/s of drain alone, not the 30 MiB/s
+    # that writers at 70 leave: paced to end at the headroom, 30 x 1000 / 745 MiB/s, late.
+    kw = dict(total=1000 * MiB, cache_size=300 * MiB, recovery_rate=100 * MiB, deadline=20.0)
+    alone = CachePlanner(**kw)
+    _, _, held = _run(alone, drive_rate=1000 * MiB)
+    assert not alone.conflict and held < 0.85 * 300 * MiB
+    crowded = CachePlanner(**kw)
+    seconds, _, held = _run(crowded, drive_rate=1000 * MiB, others=70 * MiB)
+    assert crowded.conflict and held <= 0.85 * 300 * MiB + 20 * MiB and seconds > 20.0
+
+
+def test_a_late_save_whose_rest_fits_the_headroom_is_no_conflict():
+    p = CachePlanner(total=100 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB,
+                     deadline=1.0)
+    p.advance(50 * MiB, 0.95)  # past 90% of the deadline: as fast as the cache allows
+    assert p.rate() == 0 and not p.conflict
+    q = CachePlanner(total=2000 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB,
+                     deadline=1.0)
+    q.advance(50 * MiB, 0.95)
+    assert q.rate() > 0 and q.conflict  # the rest would fill the cache: paced, and said so
+
+
+def test_writes_since_the_estimate_fill_the_cache_as_a_slower_drain_would():
+    model = WriteModel("x", cache_size=1000 * MiB, post_cache_rate=100 * MiB)
+    model.set_fill(400 * MiB, when=time.time() - 5)
+    assert model.fill_at(written=300 * MiB) == pytest.approx(200 * MiB, rel=0.01)
+    assert model.fill_at(written=5000 * MiB) == 1000 * MiB  # capped at the cache
+    model.set_fill(0.0)
+    assert model.fill_at(written=80 * MiB) == pytest.approx(80 * MiB, rel=0.01)
 
 
 def test_read_slo_caps_the_rate_but_not_below_the_deadline():
@@ -418,4 +471,64 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
         cliff = drive.cliff_seconds(due, end)
         assert cliff == 0, f"{info}; due {due:.2f} s: {cliff:.2f} s in the cliff; " \
                            f"pacing {json.dumps(report.pacing, default=str)}"
+    assert torch.equal(load_checkpoint(directory)["w"], state["w"])
+
+
+def _write_steadily(path, rate: float, stop: threading.Event) -> None:
+    """Another writer on the drive: 1 MiB O_DIRECT writes at `rate` bytes/s (straight to the
+    drive, as a paced writer's, not later in the page cache's bursts) until `stop`."""
+    import mmap
+
+    block = mmap.mmap(-1, MiB)  # page-aligned, as O_DIRECT needs
+    block.write(os.urandom(MiB))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    try:
+        began, written = time.perf_counter(), 0
+        while not stop.is_set():
+            os.pwrite(fd, block, written % (256 * MiB))
+            written += MiB
+            time.sleep(max(0.0, began + written / rate - time.perf_counter()))
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(throttle_support() is None,
+                    reason="needs root and a cgroup block-I/O controller")
+def test_auto_counts_another_writer_on_the_drive_and_stays_out_of_the_cliff(tmp_path):
+    """The drive's cache fills from every writer. Another one at 3/8 of the drain rate during
+    a save of 1.5 x the cache: counted through the drive's counter, it leaves auto less drain
+    and less headroom, and the save never enters the cliff. (Counting only its own bytes, auto
+    bursts into a cache the other writer has already partly filled, then sustains at 0.9 x a
+    drain that the other writer shares, and meets the cliff within the first second.)"""
+    from flashstream.emulation import DriveEmulator
+
+    settings = DriveSettings(cache_size=128 * MiB, post_cache_rate=80e6, drain_rate=64e6,
+                             fast_rate=200e6)
+    others = 24e6
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    state = {"w": torch.rand(int(1.5 * settings.cache_size) // 4)}
+    stop = threading.Event()
+    with DriveEmulator(tmp_path, settings) as drive:
+        drive.add_process()
+        model = load_model(directory)  # the emulated drive's, as a probe would have left it
+        model.cache_size, model.post_cache_rate = settings.cache_size, settings.post_cache_rate
+        model.drain_rate, model.fast_rate = settings.drain_rate, settings.fast_rate
+        model.save()
+        other = threading.Thread(target=_write_steadily, args=(tmp_path / "other", others, stop))
+        other.start()
+        try:
+            time.sleep(1.0)  # under way, and the cache at its steady state beside it (empty)
+            with CheckpointWriter(directory, rate="auto", keep=1, chunk_size=MiB) as writer:
+                began = time.perf_counter() - drive.started
+                report = writer.save(state, step=0).result()
+                ended = time.perf_counter() - drive.started
+        finally:
+            stop.set()
+            other.join()
+    info = json.dumps(report.pacing, default=str)
+    assert report.pacing["plan"] == "model", info
+    assert drive.cliff_seconds(began, ended) == 0, info
+    during = report.pacing["others_during_bytes"]
+    assert 0.5 * others * report.write_s <= during <= 1.5 * others * report.write_s, info
     assert torch.equal(load_checkpoint(directory)["w"], state["w"])

@@ -2,7 +2,11 @@
 
 The planner (clock-free, so tests drive it with synthetic progress) keeps an estimate of the
 bytes in the drive's write cache: what the model remembered from the last save, drained at the
-recovery rate since, plus every byte this save writes, less what the drive folds meanwhile.
+recovery rate since, plus every byte the drive is given meanwhile, less what it folds. The
+drive's own counter (/proc/diskstats) gives those bytes where it is known, so writes from other
+processes fill the estimate as they fill the cache; they also count as a slower drain in every
+pace below (the drain left for this save: the recovery rate less their rate over the last
+second). Without the counter, only this save's bytes are counted.
 
 - With a deadline (``within=``), it paces at the flattest rate that finishes in time:
   ``remaining / time left`` (of all schedules, the one that fills the cache least and leaves
@@ -29,9 +33,10 @@ import logging
 import math
 import threading
 import time
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from .. import engine
+from ..telemetry.diskstats import disk_bytes_written
 from ..telemetry.read_latency import ReadLatencyMonitor
 from ..telemetry.write_model import WriteModel, drained
 
@@ -73,7 +78,10 @@ class CachePlanner:
         self.fill, self.deadline, self.settings = fill, deadline, settings
         self.lead = lead  # bytes in flight: the estimate lags the drive by that much
         self.done = 0.0
+        self.written = 0.0  # bytes counted into the cache since the start: ours, or the drive's
         self.elapsed = 0.0
+        self.others_rate = 0.0  # bytes/s other writers gave the drive over the last second
+        self._recent: List[Tuple[float, float, float]] = [(0.0, 0.0, 0.0)]  # elapsed, done, written
         self.conflict = False  # the deadline cannot be met without the cliff
         self.slo_cap: Optional[float] = None  # bytes/s read_slo allows (None: no limit)
 
@@ -81,11 +89,25 @@ class CachePlanner:
     def limit(self) -> float:
         return self.settings.headroom * self.cache_size
 
-    def advance(self, done: float, elapsed: float) -> None:
-        """The write has completed ``done`` bytes after ``elapsed`` seconds."""
-        self.fill = drained(self.fill + (done - self.done), self.recovery,
+    @property
+    def drain(self) -> float:
+        """Bytes/s the cache frees for this save: the recovery rate less other writers' rate,
+        at least a tenth of it (a pace of 0 would mean unpaced)."""
+        return max(self.recovery - self.others_rate, 0.1 * self.recovery)
+
+    def advance(self, done: float, elapsed: float, disk_written: Optional[float] = None) -> None:
+        """The write has completed ``done`` bytes after ``elapsed`` seconds; ``disk_written``:
+        the bytes the drive completed meanwhile from every writer (None: unknown)."""
+        written = max(done, disk_written if disk_written is not None else 0.0, self.written)
+        self.fill = drained(self.fill + (written - self.written), self.recovery,
                             elapsed - self.elapsed)
-        self.done, self.elapsed = done, elapsed
+        self.done, self.written, self.elapsed = done, written, elapsed
+        self._recent = [r for r in self._recent if elapsed - r[0] <= 1.0] + [
+            (elapsed, done, written)]
+        first = self._recent[0]
+        if elapsed - first[0] >= 0.25:
+            others = (written - first[2]) - (done - first[1])
+            self.others_rate = max(0.0, others / (elapsed - first[0]))
 
     def saturate(self, observed_rate: float) -> None:
         """A cliff was seen: the cache is full, and it recovers no faster than the drive
@@ -113,35 +135,39 @@ class CachePlanner:
         return pace
 
     def _cliff_free(self, needed: float) -> float:
-        asap = 0.0 if self.fill + self.lead < self.limit else self.settings.sustain * self.recovery
+        sustained = self.settings.sustain * self.drain
+        asap = 0.0 if self.fill + self.lead < self.limit else sustained
         if not needed:
             return asap
         remaining = max(0.0, self.total - self.done)
-        left = remaining / needed if math.isfinite(needed) else 0.0
+        if not math.isfinite(needed):  # past the planned finish: as soon as the cache allows
+            self.conflict = self.fill + self.lead + remaining > self.limit
+            if self.conflict and self.settings.deadline_policy == "avoid-cliff":
+                return self._fastest_cliff_free(remaining)
+            return 0.0
         # A flat write at `needed` for `left` seconds ends with this much in the cache.
-        end_fill = self.fill + self.lead + remaining - self.recovery * left
-        if math.isfinite(needed) and (needed <= self.settings.sustain * self.recovery
-                                      or end_fill <= self.limit):
+        left = remaining / needed
+        end_fill = self.fill + self.lead + remaining - self.drain * left
+        if needed <= sustained or end_fill <= self.limit:
             self.conflict = False
             return needed
         # No flat pace is cliff-free, and none other is either: every schedule has the same
         # drain to spend over the time left, and the flat one fills the cache least.
         self.conflict = True
         if self.settings.deadline_policy == "meet-deadline":
-            return 0.0 if not math.isfinite(needed) else needed
+            return needed
         return self._fastest_cliff_free(remaining)
 
     def _fastest_cliff_free(self, remaining: float) -> float:
         """The fastest flat pace that ends with the cache at its headroom: writing R bytes at r
-        ends at fill + R - recovery * R / r, so r = recovery * R / (fill + R - limit). It
-        finishes sooner than filling the headroom unpaced and then sustaining (by 1/sustain),
-        and it never bursts at the reads beside it; never below the sustained pace."""
-        sustained = self.settings.sustain * self.recovery
+        ends at fill + R - drain * R / r, so r = drain * R / (fill + R - limit). It finishes
+        sooner than filling the headroom unpaced and then sustaining (by 1/sustain), and it
+        never bursts at the reads beside it; never below the sustained pace."""
+        sustained = self.settings.sustain * self.drain
         excess = self.fill + self.lead + remaining - self.limit
         if excess <= 0:
             return 0.0  # all of it fits in the headroom
-        return max(sustained, self.recovery * remaining / excess)
-
+        return max(sustained, self.drain * remaining / excess)
 
 
 class SaveController:
@@ -156,6 +182,8 @@ class SaveController:
         self.control = engine.RateControl()
         self.control.rate = planner.rate()
         self.monitor = ReadLatencyMonitor(disk) if read_slo else None
+        self.disk = disk
+        self._disk0: Optional[int] = None  # the drive's written bytes when the save began
         self.cliffs = 0
         self.slo_misses = 0
         self.conflicted = False
@@ -165,6 +193,7 @@ class SaveController:
 
     def __enter__(self) -> SaveController:
         self._t0 = time.perf_counter()
+        self._disk0 = disk_bytes_written(self.disk)
         self._thread.start()
         return self
 
@@ -177,7 +206,7 @@ class SaveController:
         slo_every, next_slo = max(self.tick, 0.25), 0.0
         while not self._stop.wait(self.tick):
             elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
-            planner.advance(done, elapsed)
+            planner.advance(done, elapsed, self._disk_written())
             recent = [r for r in recent if elapsed - r[0] <= 0.5] + [
                 (elapsed, done, self.control.rate)]
             if self._cliff_seen(recent):
@@ -194,6 +223,11 @@ class SaveController:
                             "filling the drive's write cache; policy %r",
                             planner.settings.deadline_policy)
             self.control.rate = pace
+
+    def _disk_written(self) -> Optional[float]:
+        """Bytes the drive completed since the save began, from every writer (None: unknown)."""
+        now = disk_bytes_written(self.disk) if self._disk0 is not None else None
+        return None if now is None else float(now - self._disk0)
 
     def _cliff_seen(self, recent) -> bool:
         if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.45:
@@ -224,10 +258,12 @@ class SaveController:
 
 def plan_save(model: WriteModel, *, total: int, within: Optional[float],
               settings: PlanSettings, read_slo: Optional[float], disk: Optional[str],
-              lead: float, min_rate: float) -> Optional[SaveController]:
+              lead: float, min_rate: float,
+              written_since: float = 0.0) -> Optional[SaveController]:
     """The controller of one save from the drive's model; None when the model knows too little
     (no cliff seen, and no write this large seen without one): that save learns, with the
-    adaptive cliff detector."""
+    adaptive cliff detector. ``written_since``: bytes the drive took from anything else since
+    the model's fill estimate (``WriteModel.fill_at``)."""
     if model.has_cliff:
         cache, recovery = float(model.cache_size), float(model.recovery_rate)
     elif model.cliff_free >= total:
@@ -235,6 +271,7 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
     else:
         return None
     planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
-                           fill=model.fill_at(), deadline=within, settings=settings, lead=lead)
+                           fill=model.fill_at(written=written_since), deadline=within,
+                           settings=settings, lead=lead)
     return SaveController(planner, read_slo=read_slo, disk=disk, min_rate=min_rate,
                           fast_rate=model.fast_rate)

@@ -30,6 +30,7 @@ from .. import engine
 from ..errors import SnapshotLostError
 from ..sizes import parse_size
 from ..telemetry.device import device_of, online_discard
+from ..telemetry.diskstats import disk_bytes_written
 from ..telemetry.histogram import LatencyHistogram
 from ..telemetry.write_model import WriteModel, learn_from_save, load_model
 from .config import WriterConfig
@@ -270,6 +271,8 @@ class CheckpointWriter:
         # Seconds from the last data byte to the save's end (header, sync, commit): with
         # rate="auto" the data write must leave that much of ``within`` over.
         self._tail_s = _FIRST_TAIL_S
+        # (time.time(), the drive's written bytes) when the last save's data ended (rate="auto")
+        self._disk_mark: Optional[Tuple[float, Optional[int]]] = None
         self._prune_s_per_byte = (_FIRST_RECYCLE_S_PER_BYTE if self.config.recycle
                                   else _FIRST_GRADUAL_PRUNE_S_PER_BYTE if self._online_discard
                                   else _FIRST_PRUNE_S_PER_BYTE)
@@ -353,14 +356,16 @@ class CheckpointWriter:
         rate = cfg.pacing(layout.data_size)
         adaptive = dataclasses.asdict(cfg.adaptive) if cfg.rate == "auto" else None
         model = load_model(self.directory) if cfg.rate == "auto" else None
+        written_since = self._written_since(model)
         controller = None if model is None else plan_save(
             model, total=capacity, within=self._time_left(called, layout.file_size),
             settings=PlanSettings(deadline_policy=cfg.deadline_policy), read_slo=cfg.read_slo,
             disk=self._disk(), lead=cfg.chunk_size * cfg.queue_depth,
-            min_rate=cfg.adaptive.min_rate)
+            min_rate=cfg.adaptive.min_rate, written_since=written_since)
         if controller is not None:
             adaptive, rate = None, 0.0  # the model's plan sets the pace
-        start_fill = controller.planner.fill if controller else (model.fill_at() if model else 0)
+        start_fill = controller.planner.fill if controller else (
+            model.fill_at(written=written_since) if model else 0)
         # A pruned checkpoint's file, written over: no blocks to allocate, none to discard.
         recycled = cfg.recycle and claim_spare(self.directory, self.rank, tmp)
         try:
@@ -379,6 +384,8 @@ class CheckpointWriter:
                                  control=controller.control if controller else None,
                                  paced_chunk_size=cfg.paced_chunk_size)
             ended, data_end = time.time(), time.perf_counter()
+            if model is not None:  # what the drive takes from here on fills the next estimate
+                self._disk_mark = (ended, disk_bytes_written(self._disk()))
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
             head = out.write(self._staging.view(0, layout.header_size), 0,
@@ -402,7 +409,8 @@ class CheckpointWriter:
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
         if model is not None:
-            report.pacing = self._learn(model, controller, data, capacity, start_fill, ended)
+            report.pacing = self._learn(model, controller, data, capacity, start_fill, ended,
+                                        written_since)
             self._tail_s = time.perf_counter() - data_end - self._prune_s
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
@@ -426,6 +434,16 @@ class CheckpointWriter:
         left = self.config.within - (time.perf_counter() - called) - tail
         return max(left, 1e-3)
 
+    def _written_since(self, model: Optional[WriteModel]) -> float:
+        """Bytes the drive took since this writer's last save ended its data (this writer's
+        header, sync and pruning, other processes' writes), where the model's fill estimate
+        dates from then: they fill the drive's cache too. 0 when unknown."""
+        mark = self._disk_mark
+        if model is None or mark is None or mark[1] is None or model.fill_time != mark[0]:
+            return 0.0
+        now = disk_bytes_written(self._disk())
+        return float(max(0, now - mark[1])) if now is not None else 0.0
+
     def _disk(self) -> Optional[str]:
         if self._disk_name is None:
             try:
@@ -435,7 +453,8 @@ class CheckpointWriter:
         return self._disk_name or None
 
     def _learn(self, model: WriteModel, controller: Optional[SaveController], data: dict,
-               total: int, start_fill: float, ended: float) -> Dict[str, object]:
+               total: int, start_fill: float, ended: float,
+               written_since: float) -> Dict[str, object]:
         """Refresh the drive's write model from this save; what the pacing did."""
         planner = controller.planner if controller else None
         try:
@@ -450,7 +469,11 @@ class CheckpointWriter:
                 "deadline_conflict": controller.conflicted if controller else None,
                 "slo_misses": controller.slo_misses if controller else None,
                 "deadline_s": self.config.within,
-                "write_within_s": planner.deadline if planner else None}
+                "write_within_s": planner.deadline if planner else None,
+                # Bytes the drive took from other writers, counted into the cache estimate:
+                # since the last save (from start_fill's estimate on), and during this one.
+                "others_before_bytes": written_since,
+                "others_during_bytes": planner.written - planner.done if planner else None}
 
     def _finish_step(self, step_dir: StepDir, file_size: int) -> None:
         """Rank 0: once every rank's marker is there, point ``latest`` at it and prune."""

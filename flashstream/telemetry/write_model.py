@@ -65,13 +65,18 @@ class WriteModel:
         """Bytes/s the cache drains: measured, else assumed equal to the post-cache rate."""
         return self.drain_rate if self.drain_rate is not None else self.post_cache_rate
 
-    def fill_at(self, when: Optional[float] = None) -> float:
+    def fill_at(self, when: Optional[float] = None, written: float = 0.0) -> float:
         """Estimated bytes in the cache at ``when`` (default now): the last estimate, drained
-        at the recovery rate since."""
-        if not self.has_cliff or not self.fill:
+        at the recovery rate since. ``written``: bytes the drive took since that estimate from
+        anything else (other processes, this one's smaller writes). Spread evenly over the
+        time since, they fill the cache as a slower drain would, which ends where adding them
+        to the estimate and then draining does (until the cache fills: capped at its size)."""
+        if not self.has_cliff or not (self.fill or written):
             return 0.0
         now = time.time() if when is None else when
-        return drained(self.fill, self.recovery_rate or 0.0, now - self.fill_time)
+        fill = drained(self.fill + max(0.0, written), self.recovery_rate or 0.0,
+                       now - self.fill_time)
+        return min(fill, float(self.cache_size))
 
     def set_fill(self, fill: float, when: Optional[float] = None) -> None:
         cap = self.cache_size if self.cache_size is not None else fill
