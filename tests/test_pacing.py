@@ -398,6 +398,23 @@ def test_auto_with_a_known_model_plans_the_save_and_refreshes_the_model(tmp_path
     assert load_model(directory).observations == 1
 
 
+def test_buffered_saves_count_only_their_own_bytes(tmp_path):
+    """Without O_DIRECT the drive takes a save's bytes as the page cache flushes them: its
+    counter would count them again, as another writer's, so it is not read."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    model = load_model(directory)
+    model.cache_size, model.post_cache_rate, model.fast_rate = 1e12, 50e6, 1e9
+    model.save()
+    state = {"w": torch.rand(4 * MiB)}
+    with CheckpointWriter(directory, rate="auto", direct=False) as writer:
+        reports = [writer.save(state, step=step).result() for step in range(2)]
+    for report in reports:
+        assert report.pacing["plan"] == "model"
+        assert report.pacing["others_before_bytes"] == 0
+        assert report.pacing["others_during_bytes"] == 0
+
+
 def test_auto_settings_are_checked():
     from flashstream.checkpoint.config import WriterConfig
 

@@ -17,7 +17,7 @@ second). Without the counter, only this save's bytes are counted.
   cache at its headroom, and finishes late; "meet-deadline" keeps the flat rate and enters
   the cliff.
 - Without one, it writes unpaced while the estimated headroom lasts, then at ``sustain`` x
-  the recovery rate, which the cache absorbs indefinitely.
+  the drain (the recovery rate, less other writers'), which the cache absorbs indefinitely.
 - ``read_slo`` (a p95 in seconds for reads on the same drive) lowers the rate while reads miss
   it and raises it back while they meet it, never below what the deadline needs.
 
@@ -49,7 +49,8 @@ DEADLINE_POLICIES = ("avoid-cliff", "meet-deadline")
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
     """headroom: fill the drive's cache to at most this share of its size.
-    sustain: once the headroom is spent, write at this share of the recovery rate.
+    sustain: once the headroom is spent, write at this share of the drain (the recovery rate,
+        less other writers' rate).
     finish: aim to finish by this share of the deadline (slack for the drive's noise).
     deadline_policy: "avoid-cliff" or "meet-deadline" (see the module docstring).
     """
@@ -200,18 +201,24 @@ class SaveController:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        # The bytes since the last tick: the estimate the model keeps ends with the write.
+        self.planner.advance(float(self.control.done), time.perf_counter() - self._t0,
+                             self._disk_written())
 
     def _run(self) -> None:
-        planner, recent = self.planner, []  # (elapsed, done, pace) over the last half second
+        # (elapsed, done, pace, the drive's bytes from every writer) over the last half second
+        planner, recent = self.planner, []
         slo_every, next_slo = max(self.tick, 0.25), 0.0
         while not self._stop.wait(self.tick):
             elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
             planner.advance(done, elapsed, self._disk_written())
             recent = [r for r in recent if elapsed - r[0] <= 0.5] + [
-                (elapsed, done, self.control.rate)]
+                (elapsed, done, self.control.rate, planner.written)]
             if self._cliff_seen(recent):
                 self.cliffs += 1
-                planner.saturate((recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
+                # What the drive wrote in the cliff from every writer: the save's own share
+                # already has the others' taken out, and the drain takes it out again.
+                planner.saturate((recent[-1][3] - recent[0][3]) / (recent[-1][0] - recent[0][0]))
                 recent = recent[-1:]
             if self.monitor is not None and elapsed >= next_slo:
                 next_slo = elapsed + slo_every

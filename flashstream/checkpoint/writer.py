@@ -374,6 +374,12 @@ class CheckpointWriter:
         except BaseException:
             _unlink(tmp)  # created (or claimed), then the space reservation failed (ENOSPC)
             raise
+        # Buffered (no O_DIRECT here): the drive takes the save's bytes when the page cache
+        # flushes them, not as they complete, so its counter would count them again as
+        # another writer's. Only the save's own bytes are counted then.
+        counted_disk = self._disk() if out.direct else None
+        if controller is not None:
+            controller.disk = counted_disk
         write_start = time.perf_counter()
         try:
             with controller or contextlib.nullcontext():
@@ -385,7 +391,7 @@ class CheckpointWriter:
                                  paced_chunk_size=cfg.paced_chunk_size)
             ended, data_end = time.time(), time.perf_counter()
             if model is not None:  # what the drive takes from here on fills the next estimate
-                self._disk_mark = (ended, disk_bytes_written(self._disk()))
+                self._disk_mark = (ended, disk_bytes_written(counted_disk))
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
             head = out.write(self._staging.view(0, layout.header_size), 0,
