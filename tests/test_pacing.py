@@ -445,6 +445,7 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
     directory = tmp_path / "ckpt"
     state = {"w": torch.rand(int(1.2 * settings.cache_size) // 4)}
     gap = 1.2 * settings.cache_size / (0.85 * settings.drain_rate)
+    os.sync()  # earlier tests' dirty pages: a burst from another writer, not this drive's
     with DriveEmulator(tmp_path, settings) as drive:
         drive.add_process()
         # A measurement on a shared disk: one noisy probe may miss (cache estimates of -27% and
@@ -526,6 +527,7 @@ def test_auto_counts_another_writer_on_the_drive_and_stays_out_of_the_cliff(tmp_
     directory.mkdir()
     state = {"w": torch.rand(int(1.5 * settings.cache_size) // 4)}
     stop = threading.Event()
+    os.sync()  # earlier tests' dirty pages would be a third writer, in bursts
     with DriveEmulator(tmp_path, settings) as drive:
         drive.add_process()
         model = load_model(directory)  # the emulated drive's, as a probe would have left it
@@ -546,6 +548,7 @@ def test_auto_counts_another_writer_on_the_drive_and_stays_out_of_the_cliff(tmp_
     info = json.dumps(report.pacing, default=str)
     assert report.pacing["plan"] == "model", info
     assert drive.cliff_seconds(began, ended) == 0, info
+    # Counted, and not the save's own bytes counted twice (the page cache was flushed first).
     during = report.pacing["others_during_bytes"]
-    assert 0.5 * others * report.write_s <= during <= 1.5 * others * report.write_s, info
+    assert 0.5 * others * report.write_s <= during <= 0.5 * report.bytes, info
     assert torch.equal(load_checkpoint(directory)["w"], state["w"])
