@@ -55,6 +55,26 @@ def make_file(path: Path, size: int) -> Path:
     return path
 
 
+def sample_p95(path: Path, block: int, seconds: float = 1.0, interval: float = 0.004) -> float:
+    """p95 (seconds) of O_DIRECT reads of ``block`` bytes at random offsets of ``path``, one
+    every ``interval`` for ``seconds``, in this process: a quick look at whether the drive is
+    as fast as it was, not the open-loop measure."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+    try:
+        blocks = max(1, os.fstat(fd).st_size // block)
+        latencies, end = [], time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            began = time.perf_counter()
+            os.preadv(fd, [buffer], random.randrange(blocks) * block)
+            latencies.append(time.perf_counter() - began)
+            time.sleep(max(0.0, began + interval - time.perf_counter()))
+    finally:
+        os.close(fd)
+        buffer.close()
+    return statistics.quantiles(latencies, n=20)[-1] if len(latencies) > 1 else latencies[0]
+
+
 def read_schedule(path: str, rate: float, block: int, stop: threading.Event,
                   seed: int = 0) -> List[Tuple[float, float, float]]:
     """Sends reads every 1/rate s until ``stop``; returns (due, latency, waited) per read."""

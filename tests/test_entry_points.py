@@ -138,8 +138,10 @@ def test_emulated_checkpoint_benchmark_runs_auto_and_fio_at_its_pace(tmp_path):
     out = run(ROOT / "benchmarks" / "checkpoint.py", "--emulate", "plc", "--dir",
               tmp_path / "ckpt", "--modes", "fio-paced,auto", "--saves", "2", "--cache-size",
               "48MiB", "--size", "64MiB", "--reader-file-size", "32MiB", "--json", out_json)
-    assert "emulated plc drive" in out and "write model of" in out
+    assert "emulated plc drive" in out and "write model of" in out and "after the probe" in out
     result = json.loads(out_json.read_text())
+    settle = result["settle"]  # the runs waited for reads to be back to their speed
+    assert settle["before_p95_s"] > 0 and settle["samples_p95_s"] and settle["waited_s"] > 0
     modes = result["modes"]
     assert list(modes) == ["auto", "fio-paced"][:len(modes)]  # auto first: fio takes its pace
     auto = modes["auto"]
