@@ -484,8 +484,7 @@ def slo_reference(modes: Dict[str, Dict[str, object]]) -> Optional[float]:
 
 
 def baseline_p95(modes: Dict[str, Dict[str, object]]) -> Optional[float]:
-    """The no-writer run's quiet p95 (``none``, if it ran): the cross-run reference, and what
-    ``auto+read_slo``'s SLO is set from."""
+    """The no-writer run's quiet p95 (``none``, if it ran): the cross-run reference."""
     return modes[BASELINE]["reader"]["quiet"]["p95_s"] if BASELINE in modes else None
 
 

@@ -58,7 +58,9 @@ def make_file(path: Path, size: int) -> Path:
 def sample_p95(path: Path, block: int, seconds: float = 1.0, interval: float = 0.004) -> float:
     """p95 (seconds) of O_DIRECT reads of ``block`` bytes at random offsets of ``path``, one
     every ``interval`` for ``seconds``, in this process: a quick look at whether the drive is
-    as fast as it was, not the open-loop measure."""
+    as fast as it was, not the open-loop measure. Paced like the reader, not the probe's
+    back-to-back reads (``telemetry.probe.measure``): those load the drive themselves, and
+    their p95 swung 0.46-4.2 ms from one second to the next here."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
     buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
     try:

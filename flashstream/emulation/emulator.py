@@ -25,7 +25,6 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from ..sizes import Size
 from ..telemetry.device import device_of
-from ..telemetry.diskstats import disk_sectors
 from ..telemetry.probe import EMULATED_DRIVE_ENV
 from ..telemetry.write_model import drive_write_rate
 from .cgroup import ThrottleGroup
@@ -34,6 +33,16 @@ from .model import CacheModel, DriveSettings, profile_settings
 __all__ = ["DriveEmulator", "EmulatorPoint", "disk_sectors"]
 
 _UNSET = object()
+
+
+def disk_sectors(name: str, proc_root: str = "/proc") -> tuple:
+    """(sectors read, sectors written) that the disk ``name`` completed (512-byte units)."""
+    with open(os.path.join(proc_root, "diskstats")) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 9 and fields[2] == name:
+                return int(fields[5]), int(fields[9])
+    raise FileNotFoundError(f"disk {name!r} is not in {proc_root}/diskstats")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,14 +4,13 @@ drive over an epoch, and optionally sampled over time for plots."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from typing import List, Optional, Tuple
 
 import psutil
 
-__all__ = ["DiskDelta", "DiskSampler", "disk_bytes_written", "disk_counters", "disk_sectors"]
+__all__ = ["DiskDelta", "DiskSampler", "disk_bytes_written", "disk_counters"]
 
 
 def disk_counters(name: Optional[str]):
@@ -21,25 +20,14 @@ def disk_counters(name: Optional[str]):
     return psutil.disk_io_counters(perdisk=True, nowrap=True).get(name)
 
 
-def disk_sectors(name: str, proc_root: str = "/proc") -> tuple:
-    """(sectors read, sectors written) that the disk ``name`` completed (512-byte units)."""
-    with open(os.path.join(proc_root, "diskstats")) as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 9 and fields[2] == name:
-                return int(fields[5]), int(fields[9])
-    raise FileNotFoundError(f"disk {name!r} is not in {proc_root}/diskstats")
-
-
 def disk_bytes_written(name: Optional[str]) -> Optional[int]:
     """Bytes the disk ``name`` has completed writing, from every process; None where the disk
     is unknown or not listed (a container without /proc/diskstats, a network file system)."""
-    if not name:
-        return None
     try:
-        return disk_sectors(name)[1] * 512
-    except OSError:
+        counters = disk_counters(name)
+    except (OSError, NotImplementedError):  # psutil without /proc/diskstats nor /sys/block
         return None
+    return None if counters is None else int(counters.write_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
