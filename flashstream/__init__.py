@@ -26,13 +26,12 @@ from .errors import (
     ShardFormatError,
     SnapshotLostError,
 )
-from .pipeline import DataPipeline, Pipeline, WebDataset, WebLoader
+from .pipeline import DataPipeline, Explanation, Pipeline, ShardStream, WebDataset, WebLoader
 from .retrieval import IndexReader, write_index
 from .shard_writer import ShardWriter, TarWriter
 from .sizes import parse_size
 from .stream import (
     ReadStats,
-    ShardStream,
     ignore_and_continue,
     reraise_exception,
     warn_and_continue,
@@ -57,6 +56,7 @@ __all__ = [
     "DeviceInfo",
     "EpochMonitor",
     "EpochReport",
+    "Explanation",
     "FlashstreamError",
     "IndexFormatError",
     "IndexReader",

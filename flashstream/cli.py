@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from . import __version__, settings
 from .engine import engine_name, uring_available
-from .stream import ShardStream
+from .pipeline import ShardStream
 from .stream.index import read_sidecar, sidecar_path, write_sidecar
 from .stream.index_jobs import check_sidecars, default_jobs, scan_parallel
 from .stream.urls import expand_urls

@@ -9,21 +9,26 @@ docs/migrating.md lists each argument and method with what flashstream does with
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import warnings
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
 
 import webdataset as wds
 import webdataset.filters as wf
 import webdataset.shardlists as ws
+from braceexpand import braceexpand
 
-from ..stream.dataset import ShardStream
+from ..stream.dataset import ShardSource
 from ..stream.state import find_states, finished
 from ..stream.urls import Urls
+from .fallback import WebdatasetDataset, WebdatasetPipeline
 from .pipeline import Pipeline
-from .stages import Each, shard_level_stage
+from .recognise import local_urls_reason, recognise
+from .shard_stream import ShardStream
+from .stages import Each
 
 __all__ = ["DataPipeline", "WebDataset", "WebLoader"]
 
@@ -31,25 +36,61 @@ log = logging.getLogger(__name__)
 
 _NODE_SPLITTERS = {ws.split_by_node: True, ws.single_node_only: False, None: False}
 _WORKER_SPLITTERS = {ws.split_by_worker: True, None: False, False: False}
+#: Arguments of ShardStream that webdataset's reader has no use for (fallback: noted).
+_FLASHSTREAM_ONLY = tuple(p for p in inspect.signature(ShardSource.__init__).parameters
+                          if p not in ("self", "urls", "seed", "handler", "shuffle"))
 
 
-def _splitter(value: Any, table: Dict[Any, bool], name: str, allowed: str) -> bool:
+def _splitter(value: Any, table: Dict[Any, bool]) -> Optional[bool]:
+    """The flashstream split a webdataset splitter stands for (None: one it cannot map)."""
     try:
         return table[value]
     except (KeyError, TypeError):
-        raise ValueError(f"{name}={value!r} is not supported: flashstream splits shards itself; "
-                         f"use one of {allowed}") from None
+        return None
 
 
-def _check_urls(urls: Any) -> None:
-    """webdataset's url forms that are not shard lists, with what to do instead."""
+def _candidate_urls(urls: Any) -> List[str]:
+    """The shard urls webdataset would read, as far as their form tells (for the check that
+    they are local files; expansion proper is the stream's)."""
+    items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
+    out: List[str] = []
+    for item in items:
+        text = os.fspath(item) if isinstance(item, (str, os.PathLike)) else item
+        if not isinstance(text, str):
+            out.append(text)
+            continue
+        out.extend(name for part in text.split("::") for name in braceexpand(part))
+    return out
+
+
+def _fallback_reason(urls: Any, *, nodesplitter: Any, workersplitter: Any,
+                     rename_files: Any) -> str:
+    """Why flashstream.WebDataset(urls, ...) must run as webdataset's own ('' if it need
+    not)."""
     if isinstance(urls, dict) or (isinstance(urls, str) and urls.endswith((".yaml", ".yml"))):
-        raise ValueError("flashstream.WebDataset takes shard urls (a path, glob, brace pattern "
-                         "or list); webdataset's YAML/dict multi-source specs are not supported: "
-                         "build one dataset per source")
+        return "a YAML/dict multi-source spec (webdataset's MultiShardSample)"
+    if isinstance(urls, str) and urls.endswith(".json"):
+        return "a .json shard spec"
     if isinstance(urls, str) and urlparse(urls).path.endswith("/"):
-        raise ValueError(f"{urls!r} is a directory: pass a glob of its shards, e.g. "
-                         f"{urls + '*.tar'!r}")
+        return ("a directory url (webdataset's DirectoryShardList, which renames the files it "
+                "reads); pass a glob of its shards to read them with flashstream")
+    try:
+        candidates = _candidate_urls(urls)
+    except TypeError:
+        return f"urls of type {type(urls).__name__}"
+    reason = local_urls_reason(candidates)
+    if reason:
+        return reason
+    if _splitter(nodesplitter, _NODE_SPLITTERS) is None:
+        return (f"nodesplitter={getattr(nodesplitter, '__name__', nodesplitter)!r} (flashstream "
+                f"maps wds.split_by_node, wds.single_node_only and None)")
+    if _splitter(workersplitter, _WORKER_SPLITTERS) is None:
+        return (f"workersplitter={getattr(workersplitter, '__name__', workersplitter)!r} "
+                f"(flashstream maps wds.split_by_worker and None)")
+    if rename_files is not None:
+        return ("rename_files renames members before they are grouped, which flashstream's "
+                "C++ scanner does not do")
+    return ""
 
 
 def _shard_shuffle(shardshuffle: Any, resampled: bool) -> bool:
@@ -57,11 +98,11 @@ def _shard_shuffle(shardshuffle: Any, resampled: bool) -> bool:
     if resampled:
         if shardshuffle not in (False, None):
             warnings.warn("WebDataset(shardshuffle=...) is ignored for resampled datasets",
-                          stacklevel=3)
+                          stacklevel=4)
         return False
     if shardshuffle is None:
         warnings.warn("WebDataset(shardshuffle=...) is None; set explicitly to False or a "
-                      "number", stacklevel=3)
+                      "number", stacklevel=4)
         return False
     if isinstance(shardshuffle, bool):
         return shardshuffle
@@ -84,6 +125,12 @@ def _selected(select_files: Callable[[str], bool]) -> Callable[[Dict], Optional[
     return keep
 
 
+def _select_stage(select_files: Any) -> Tuple[Each, ...]:
+    if select_files is None:
+        return ()
+    return (Each(wf.map(_selected(select_files)), "select_files", drops=True),)
+
+
 class WebDataset(Pipeline):
     """``webdataset.WebDataset``'s arguments, flashstream's reader (see the module docstring).
 
@@ -92,7 +139,27 @@ class WebDataset(Pipeline):
     The default ``index=False`` splits shards by rank and worker as webdataset does, so the
     order depends on the number of workers exactly as webdataset's; ``index="auto"`` gives
     flashstream's order, the same for any number of workers.
+
+    What flashstream cannot read (``pipe:`` and remote urls, YAML specs, a directory url, a
+    custom splitter, ``rename_files``) is not refused: the call returns webdataset's own
+    ``WebDataset`` (with ``explain()``), and the first such build logs one line saying so.
     """
+
+    def __new__(cls, *args: Any, **kw: Any) -> Any:
+        if not args and "urls" not in kw:  # copy / unpickle: an instance of this class
+            return super().__new__(cls)
+        bound = _WDS_SIGNATURE.bind_partial(*args, **{k: v for k, v in kw.items()
+                                                       if k in _WDS_SIGNATURE.parameters})
+        bound.apply_defaults()
+        given = bound.arguments
+        reason = _fallback_reason(given["urls"], nodesplitter=given["nodesplitter"],
+                                  workersplitter=given["workersplitter"],
+                                  rename_files=given["rename_files"])
+        if not reason:
+            return super().__new__(cls)
+        ours = [k for k in kw if k in _FLASHSTREAM_ONLY and k not in _WDS_SIGNATURE.parameters]
+        theirs = {k: v for k, v in kw.items() if k not in ours}
+        return WebdatasetDataset(*args, reason=reason, ignored=ours, **theirs)
 
     def __init__(self, urls: Urls, handler: Any = wds.reraise_exception, mode: Optional[str] = None,
                  resampled: bool = False, repeat: bool = False, shardshuffle: Any = None,
@@ -102,32 +169,21 @@ class WebDataset(Pipeline):
                  workersplitter: Any = ws.split_by_worker, select_files: Any = None,
                  rename_files: Any = None, empty_check: bool = True, verbose: bool = False,
                  seed: Optional[int] = None, **flashstream_kw: Any) -> None:
-        _check_urls(urls)
-        if mode not in (None, "resampled"):
-            raise ValueError(f"mode must be None or 'resampled', got {mode!r}")
         resampled = bool(resampled) or mode == "resampled"
-        if rename_files is not None:
-            raise ValueError("rename_files is not supported (flashstream groups members in its "
-                             "C++ scanner): rename fields with .rename() or .map()")
         if cache_dir is not None or cache_size not in (-1, 0):
             log.debug("cache_dir/cache_size ignored: flashstream reads local shards directly")
         if seed is None:
             seed = int(os.environ.get("WDS_SEED", 0))  # deterministic, so a resume matches
-        split_by_rank = _splitter(nodesplitter, _NODE_SPLITTERS, "nodesplitter",
-                                  "wds.split_by_node, wds.single_node_only or None")
-        split_by_worker = _splitter(workersplitter, _WORKER_SPLITTERS, "workersplitter",
-                                    "wds.split_by_worker or None")
         flashstream_kw.setdefault("index", False)
         stream = ShardStream(urls, shuffle=False,
                              shard_shuffle=_shard_shuffle(shardshuffle, resampled),
-                             seed=seed, handler=handler, split_by_rank=split_by_rank,
-                             split_by_worker=split_by_worker, resampled=resampled,
-                             **flashstream_kw)
+                             seed=seed, handler=handler,
+                             split_by_rank=_splitter(nodesplitter, _NODE_SPLITTERS),
+                             split_by_worker=_splitter(workersplitter, _WORKER_SPLITTERS),
+                             resampled=resampled, **flashstream_kw)
         stream.single_node = nodesplitter is ws.single_node_only
-        stages = ()
-        if select_files is not None:
-            stages = (Each(wf.map(_selected(select_files)), "select_files", drops=True),)
-        super().__init__(stream, stages, empty_check=empty_check)
+        super().__init__(stream, _select_stage(select_files), empty_check=empty_check,
+                         origin=("WebDataset",))
 
     def __enter__(self) -> WebDataset:
         return self
@@ -136,24 +192,50 @@ class WebDataset(Pipeline):
         pass
 
 
-def DataPipeline(*args: Any) -> Pipeline:  # noqa: N802 - webdataset's name
-    """``webdataset.DataPipeline(source, stage, ...)`` with a flashstream source first (a
-    ShardStream, flashstream.WebDataset or pipeline); the stages (``wds.map(f)``,
-    ``wds.batched(16)``, any iterator function) are composed onto it and resume exactly.
-    webdataset's shard-level stages (shard lists, split_by_node, split_by_worker,
-    tarfile_to_samples) are what the source replaces: see docs/migrating.md."""
+#: webdataset.WebDataset's own parameters (what the fallback passes on to it).
+_WDS_SIGNATURE = inspect.signature(wds.WebDataset)
+
+
+def DataPipeline(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - webdataset's name
+    """``webdataset.DataPipeline(*stages)``: accepts whatever webdataset's accepts.
+
+    - A flashstream source first (a ShardStream, flashstream.WebDataset or pipeline): the
+      stages are composed onto it and resume exactly.
+    - A shard block first (``SimpleShardList`` / ``ResampledShards`` of local shards, then
+      ``split_by_node`` / ``single_node_only`` / ``split_by_worker`` / a shard shuffle, then
+      ``tarfile_to_samples``): flashstream's O_DIRECT stream replaces it; the stages after it
+      are composed onto that stream.
+    - Anything else runs through webdataset's own code (``explain()`` says why), and the first
+      such build in a process logs one line saying so.
+
+    ``kwargs`` are accepted and ignored, as webdataset does.
+    """
     flat = [a for arg in args if arg is not None
             for a in (arg if isinstance(arg, list) else [arg])]
-    if not flat:
-        raise ValueError("DataPipeline needs a source")
-    source, stages = flat[0], flat[1:]
-    if not isinstance(source, (ShardStream, Pipeline)):
-        name = shard_level_stage(source) or type(source).__name__
-        raise ValueError(
-            f"flashstream.DataPipeline starts with a flashstream source, not {name}: replace the "
-            f"block of shard list, split_by_node, split_by_worker and tarfile_to_samples with "
-            f"one flashstream.WebDataset(urls, ...) (or ShardStream), then keep your stages")
-    return source.compose(*stages) if stages else source._compose()
+    if flat and isinstance(flat[0], (ShardSource, Pipeline)):
+        source, stages = flat[0], flat[1:]
+        pipeline = source if isinstance(source, Pipeline) else Pipeline(source)
+        return pipeline.compose(*stages) if stages else pipeline._compose()
+    block = recognise(flat)
+    if isinstance(block, str):
+        return WebdatasetPipeline(*flat, reason=block)
+    stream = ShardStream(list(block.urls), shuffle=False, shard_shuffle=block.shard_shuffle,
+                         seed=block.seed, handler=block.handler,
+                         split_by_rank=block.split_by_rank,
+                         split_by_worker=block.split_by_worker, resampled=block.resampled,
+                         index=False)
+    stream.single_node = block.single_node
+    # webdataset's url_opener gives no local path: its samples have no __local_path__.
+    stages = _select_stage(block.select_files) + (
+        Each(wf.map(_without_local_path), "tarfile_to_samples"),)
+    pipeline = Pipeline(stream, stages, origin=block.names)
+    rest = flat[block.length:]
+    return pipeline.compose(*rest) if rest else pipeline
+
+
+def _without_local_path(sample: Dict) -> Dict:
+    sample.pop("__local_path__", None)
+    return sample
 
 
 class WebLoader(wds.DataPipeline, wds.FluidInterface):

@@ -15,7 +15,7 @@ import webdataset.autodecode as wda
 import webdataset.filters as wf
 
 from ..stream.handlers import resolve_handler
-from .stages import Batch, Each, from_webdataset, shard_level_stage, unbatch_stage
+from .stages import Batch, Each, Opaque, Slice, from_webdataset, unbatch_stage
 
 __all__ = ["FluidInterface"]
 
@@ -34,7 +34,7 @@ class FluidInterface:
     def _compose(self, *stages: Any) -> Any:
         raise NotImplementedError
 
-    def _shuffled(self, size: int) -> Any:
+    def _shuffled(self, size: int, **kw: Any) -> Any:
         raise NotImplementedError
 
     def _epoch(self, *, items: Optional[int], repetitions: int) -> Any:
@@ -43,15 +43,10 @@ class FluidInterface:
     # -- webdataset's stages ------------------------------------------------------------------
     def compose(self, *stages: Any) -> Any:
         """Append stages: webdataset's (``wds.map(f)``, ``wds.batched(16)``, ...; resumed
-        exactly) or any function of an iterator (resumed as if it held nothing)."""
+        exactly) or any function of an iterator (run as given, resumed as if it held
+        nothing)."""
         out = self
         for stage in stages:
-            name = shard_level_stage(stage)
-            if name is not None:
-                raise ValueError(
-                    f"{name} works on shards or tar members, which the flashstream source "
-                    f"already does (split by rank and worker, reading, grouping samples): "
-                    f"drop it, and pass its settings to ShardStream / flashstream.WebDataset")
             translated = from_webdataset(stage)
             if isinstance(translated, tuple):  # ("shuffle", bufsize)
                 out = out.shuffle(translated[1])
@@ -60,17 +55,17 @@ class FluidInterface:
         return out
 
     def shuffle(self, size: int, **kw: Any) -> Any:
-        """Shuffle samples through a buffer of ``size`` (``size < 1``: unchanged). It is the
-        stream's own seeded, resumable buffer, so it must come before any batching; ``initial``,
-        ``rng`` and ``seed`` are accepted for compatibility (the order is the stream's, from
-        its seed and the epoch)."""
+        """Shuffle samples through a buffer of ``size`` (``size < 1``: unchanged). Before any
+        batching it is the stream's own seeded, resumable buffer (``initial``, ``rng`` and
+        ``seed`` are accepted; the order comes from the stream's seed and the epoch); after
+        batching it is webdataset's own shuffle of the items, with these arguments."""
         unknown = set(kw) - {"initial", "rng", "seed", "handler"}
         if unknown:
             raise ValueError(f"shuffle() got unexpected argument(s) {sorted(unknown)}; allowed: "
                              f"size, initial, rng, seed, handler")
         if isinstance(size, bool) or not isinstance(size, int):
             raise ValueError(f"shuffle size must be an int, got {size!r}")
-        return self if size < 1 else self._shuffled(size)
+        return self if size < 1 else self._shuffled(size, **kw)
 
     def map(self, f: Callable[[Any], Any], handler: Any = _RERAISE) -> Any:
         """``f(sample)`` for each sample; a None result drops the sample (as webdataset)."""
@@ -111,6 +106,30 @@ class FluidInterface:
 
     def xdecode(self, *args: Any, **kw: Any) -> Any:
         return self._compose(Each(wf.xdecode(*args, **kw), "xdecode"))
+
+    def rsample(self, p: float = 0.5) -> Any:
+        """Keep each sample with probability ``p`` (webdataset's, unseeded: a resumed pass
+        draws anew)."""
+        return self._compose(Each(wf.rsample(p), "rsample", drops=True))
+
+    def log_keys(self, logfile: Optional[str] = None) -> Any:
+        """Append each sample's key and url to ``logfile`` as it passes (webdataset's)."""
+        return self._compose(Each(wf.log_keys(logfile), "log_keys"))
+
+    def slice(self, *args: int) -> Any:
+        """``itertools.islice`` of the items: ``slice(stop)`` or ``slice(start, stop[, step])``,
+        per DataLoader worker as in webdataset; resumed exactly."""
+        return self._compose(Slice.of(*args))
+
+    def mcached(self) -> Any:
+        """webdataset's ``Cached``: the first pass is kept in memory and replayed after."""
+        stage = wf.Cached()
+        return self._compose(Opaque(stage.run, "mcached"))
+
+    def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
+        """webdataset's ``LMDBCached(fname, ...)``: samples cached in an LMDB database."""
+        stage = wf.LMDBCached(*args, **kw)
+        return self._compose(Opaque(stage.run, "lmdb_cached"))
 
     def batched(self, batchsize: int, collation_fn: Optional[Callable[[list], Any]] = (
             wf.default_collation_fn), partial: bool = True) -> Any:

@@ -10,13 +10,17 @@ iterated (inside each DataLoader worker), with ``set_epoch``, ``state_dict()`` /
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import warnings
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+import webdataset.filters as wf
 from torch.utils.data import IterableDataset
+from webdataset.utils import PipelineStage
 
 from ..stream.state import own_entry
+from .explain import Explanation, explain_pipeline
 from .fluid import FluidInterface
 from .run import Compiled, Run, compile_stages
 from .stages import Batch, Each, Opaque, Stage, Unbatch
@@ -58,12 +62,16 @@ class Pipeline(FluidInterface, IterableDataset):
         tensors: a ``TensorSpec``: the source packs tensor batches (``.tensors(B)``).
         empty_check: a pass that yields nothing raises ``ValueError`` (webdataset's check,
             for example more DataLoader workers than shards).
+        origin: the webdataset stages the source stands for (``SimpleShardList``,
+            ``split_by_worker``, ``tarfile_to_samples``...), for :meth:`explain`.
     """
 
     def __init__(self, stream: Any, stages: Tuple[Stage, ...] = (), *,
                  epoch: EpochSpec = EpochSpec(), length: Optional[int] = None,
-                 tensors: Any = None, empty_check: bool = False) -> None:
+                 tensors: Any = None, empty_check: bool = False,
+                 origin: Tuple[str, ...] = ()) -> None:
         super().__init__()
+        self.origin = tuple(origin)
         self.source = stream  # as given: shuffle() and further stages derive from it
         self.stages = tuple(stages)
         self.epoch_spec = epoch
@@ -77,7 +85,7 @@ class Pipeline(FluidInterface, IterableDataset):
         self.compiled: Compiled = compile_stages(self.stages, by_block=by_block)
         self._check()
         block = self.compiled.batch_size or (self.tensor_spec.size if self.tensor_spec else None)
-        self.stream = self.source._derive(batch_size=block, signature=self.signature)
+        self.stream = self.source.derive(batch_size=block, signature=self.signature)
 
     def _check(self) -> None:
         if self.tensor_spec is not None and any(isinstance(s, Unbatch) for s in self.stages):
@@ -101,19 +109,19 @@ class Pipeline(FluidInterface, IterableDataset):
     def _replace(self, **changes: Any) -> Pipeline:
         fields = dict(stream=self.source, stages=self.stages, epoch=self.epoch_spec,
                       length=self.length, tensors=self.tensor_spec,
-                      empty_check=self.empty_check)
+                      empty_check=self.empty_check, origin=self.origin)
         fields.update(changes)
         return Pipeline(fields.pop("stream"), fields.pop("stages"), **fields)
 
     def _compose(self, *stages: Stage) -> Pipeline:
         return self._replace(stages=self.stages + stages)
 
-    def _shuffled(self, size: int) -> Pipeline:
+    def _shuffled(self, size: int, **kw: Any) -> Pipeline:
         if any(not isinstance(s, Each) for s in self.stages) or self.tensor_spec is not None:
-            raise ValueError("shuffle() must come before batched(), unbatched(), tensors() and "
-                             "opaque stages: it is the stream's own resumable buffer, which "
-                             "shuffles samples as they are read")
-        return self._replace(stream=self.source._shuffled(size))
+            # After batching (or an opaque stage) the items are no longer the stream's
+            # samples: webdataset's own buffer shuffles them, as in webdataset.
+            return self._compose(Opaque(wf.shuffle(size, **kw), "shuffle"))
+        return self._replace(stream=self.source.derive(shuffle_buffer=size))
 
     def _epoch(self, *, items: Optional[int], repetitions: int) -> Pipeline:
         # webdataset's with_epoch / repeat change the pipeline itself and return it.
@@ -144,6 +152,32 @@ class Pipeline(FluidInterface, IterableDataset):
         self.length = n
         return self
 
+    # -- webdataset's context manager, and what runs how -------------------------------------
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """webdataset's ``close()``: close the stages that hold resources (webdataset's
+        ``PipelineStage`` objects, such as ``LMDBCached``'s database)."""
+        for stage in self.stages:
+            owner = getattr(getattr(stage, "apply", None), "__self__", None)
+            if isinstance(owner, PipelineStage) and callable(getattr(owner, "close", None)):
+                owner.close()
+
+    def explain(self) -> Explanation:
+        """What reads the shards, how each stage runs and resumes (see
+        flashstream.pipeline.explain)."""
+        return explain_pipeline(self)
+
+    @property
+    def accelerated(self) -> bool:
+        """True: flashstream's engine reads this pipeline's shards (always, for this class;
+        webdataset's own pipelines, built where flashstream cannot read, say False)."""
+        return True
+
     # -- the stream's controls ----------------------------------------------------------------
     @property
     def plan(self) -> str:
@@ -151,7 +185,7 @@ class Pipeline(FluidInterface, IterableDataset):
 
     @property
     def epoch(self) -> int:
-        self.stream._follow_main_epoch()
+        self.stream.follow_main_epoch()
         return self.stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -203,7 +237,7 @@ class Pipeline(FluidInterface, IterableDataset):
         spec = self.epoch_spec
         if spec == EpochSpec():
             return None
-        period = self.stream._rank_plan(self.stream._world()).length
+        period = self.stream.sequence_length()
         total = period * spec.repetitions if spec.repetitions < ENDLESS else None
         if spec.items is not None:
             wanted = spec.items * self._unit()
@@ -253,31 +287,32 @@ class Pipeline(FluidInterface, IterableDataset):
         if self.tensor_spec is not None:
             work = self.tensor_spec.open(stream, length=positions)
         else:
-            work = stream._open_pass(length=positions)
+            work = stream.open_pass(length=positions)
         entry = _resumed_entry(stream)
         shard_plan = stream.plan == "shards"
         spec = self.epoch_spec
 
-        def next_pass(repeat: int) -> Any:
-            if self.tensor_spec is not None:
-                opened = self.tensor_spec.open(stream, repeat=repeat)
-            else:
-                opened = stream._open_pass(repeat=repeat)
-            stream._active = run  # the run, not the pass, knows the pipeline's position
-            return opened
-
         run = Run(work, self.compiled, entry=entry, finish=_finisher(),
                   limit=spec.items if shard_plan else None,
                   repeats=spec.repetitions if shard_plan else 1,
-                  next_pass=next_pass if shard_plan else None,
+                  next_pass=(functools.partial(_next_pass, stream, self.tensor_spec)
+                             if shard_plan else None),
                   # webdataset's check is per worker: the shard plan's; the sample plan deals
                   # blocks, and a worker without one is normal there.
                   empty_check=self.empty_check and shard_plan)
-        stream._active = run
+        stream.attach(run)
         return iter(run)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.stream!r}, stages={self.signature or '(none)'})"
+
+
+def _next_pass(stream: Any, tensor_spec: Any, repeat: int, run: Run) -> Any:
+    """Open the stream's repetition ``repeat`` of the epoch for ``run`` (shard plan)."""
+    opened = (tensor_spec.open(stream, repeat=repeat) if tensor_spec is not None
+              else stream.open_pass(repeat=repeat))
+    stream.attach(run)  # the run, not the pass, knows the pipeline's position
+    return opened
 
 
 def _finisher() -> Any:
@@ -299,7 +334,7 @@ def _resumed_entry(stream: Any) -> Optional[Dict[str, Any]]:
     state = stream.resumed
     if not state or not state.get("num_workers"):
         return None
-    world = stream._world()
+    world = stream.world()
     if stream.plan == "shards":  # always the worker's own (shard_entry checked it)
         return state["workers"].get(str(world.worker))
     entry = own_entry(state, world.worker, world.num_workers, stream.config.batch_size)
@@ -310,4 +345,9 @@ def _resumed_entry(stream: Any) -> Optional[Dict[str, Any]]:
                          "unbatched() batch, so it can only be resumed by the same worker: "
                          "resume through StatefulDataLoader.load_state_dict with the same "
                          "num_workers, or save at a batch boundary")
+    if any(any(e.get("sliced", ())) for e in state["workers"].values()):
+        raise ValueError("this state was saved by a pipeline with slice(), which counts each "
+                         "worker's items, so it can only be resumed by the same workers: "
+                         "resume through StatefulDataLoader.load_state_dict with the same "
+                         "num_workers")
     return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .stages import Batch, Each, Opaque, Stage, Unbatch
+from .stages import Batch, Each, Opaque, Slice, Stage, Unbatch
 
 __all__ = ["Compiled", "Run", "compile_stages"]
 
@@ -94,7 +94,7 @@ class Run:
 
     ``source``: the stream's pass (``generate()`` / ``generate_blocks()``, ``state()``).
     ``entry``: the worker entry it resumes (its ``skip``, ``count``); ``limit``: outputs per
-    worker per epoch (shard plan ``with_epoch``), None for no limit; ``next_pass(r)`` opens the
+    worker per epoch (shard plan ``with_epoch``), None for no limit; ``next_pass(r, run)`` opens the
     stream's repetition ``r`` of the epoch (shard plan), up to ``repeats``."""
 
     def __init__(self, source: Any, compiled: Compiled, *, entry: Optional[Dict] = None,
@@ -117,6 +117,12 @@ class Run:
         self._since = 0  # outputs since the clean point
         self._held = 0  # items held by stages right now
         self._ended = False
+        slices = sum(isinstance(s, Slice) for s in compiled.after)
+        # Items each slice stage has seen this epoch, part of the position.
+        self._seen: List[int] = [int(n) for n in entry.get("sliced", [0] * slices)]
+        if len(self._seen) != slices:
+            raise ValueError(f"this state was saved by a pipeline with {len(self._seen)} "
+                             f"slice stage(s); this one has {slices}")
 
     # -- what ShardStream reads from its active pass -----------------------------------------
     @property
@@ -130,6 +136,8 @@ class Run:
     def _source_entry(self) -> Dict[str, Any]:
         entry = dict(self.source.state())
         entry["repeat"] = self.repeat
+        if self._seen:
+            entry["sliced"] = list(self._seen)
         return entry
 
     def state(self) -> Dict[str, Any]:
@@ -192,6 +200,21 @@ class Run:
                 self._held -= 1
                 yield item
 
+    def _sliced(self, k: int, stage: Slice, items: Iterator[Any]) -> Iterator[Any]:
+        """``itertools.islice`` over the items, counting from where the position says this
+        slice was: it pulls nothing once ``stop`` items were seen, as islice."""
+        items = iter(items)
+        while True:
+            seen = self._seen[k]
+            if stage.stop is not None and seen >= stage.stop:
+                return
+            item = next(items, _END)
+            if item is _END:
+                return
+            self._seen[k] = seen + 1
+            if seen >= stage.start and (seen - stage.start) % stage.step == 0:
+                yield item
+
     def _blocks(self) -> Iterator[Any]:
         """Batches by block: the survivors of each planned block, through the per-item stages;
         empty blocks give no batch (see docs/pipeline.md)."""
@@ -212,11 +235,12 @@ class Run:
             if self.repeat + 1 >= self.repeats or self.next_pass is None:
                 return
             self.repeat += 1
-            source = self.source = self.next_pass(self.repeat)
+            source = self.source = self.next_pass(self.repeat, self)
 
     def _chain(self) -> Iterator[Any]:
         compiled = self.compiled
         items = self._blocks() if compiled.block is not None else self._samples()
+        slices = 0
         for stage in compiled.after:
             if isinstance(stage, Each):
                 items = stage.apply(items)
@@ -224,6 +248,9 @@ class Run:
                 items = self._batched(stage, items)
             elif isinstance(stage, Unbatch):
                 items = self._unbatched(stage, items)
+            elif isinstance(stage, Slice):
+                items = self._sliced(slices, stage, items)
+                slices += 1
             else:
                 assert isinstance(stage, Opaque)
                 items = stage.apply(items)
@@ -256,3 +283,7 @@ class Run:
             close = getattr(items, "close", None)
             if close is not None:
                 close()
+            # The stream holds this run (for its position) and next_pass holds the stream:
+            # let go of it once the pass is over, so that dropping the pipeline frees its
+            # stages at once (one may hold a file open, as webdataset's LMDBCached does).
+            self.next_pass = None

@@ -7,10 +7,14 @@ A stage is one of:
   These run webdataset's own stage functions; they hold nothing between outputs.
 - :class:`Batch`: ``batched`` / ``listed``, without webdataset's one-sample read-ahead.
 - :class:`Unbatch`: ``unbatched`` / ``unlisted``; holds the rest of a batch between outputs.
-- :class:`Opaque`: any other iterator function given to ``compose``; resumed as if it held
-  nothing (see docs/pipeline.md).
+- :class:`Slice`: ``slice`` (``itertools.islice``); the count of items it has seen is kept in
+  the position.
+- :class:`Opaque`: any other iterator function given to ``compose`` (and webdataset's
+  ``PipelineStage`` objects, run by their ``run``); resumed as if it held nothing (see
+  docs/pipeline.md).
 
-``.shuffle(n)`` is not a stage: it becomes the stream's own resumable buffer (see fluid.py).
+``.shuffle(n)`` before any batching is not a stage: it becomes the stream's own resumable
+buffer (see fluid.py); after batching it is webdataset's own shuffle, an opaque stage.
 :func:`from_webdataset` turns webdataset's curried stages (``wds.map(f)``, ``wds.batched(16)``,
 ...) into these, so ``compose`` and ``DataPipeline`` resume them exactly too.
 """
@@ -22,9 +26,9 @@ import itertools
 from typing import Any, Callable, Iterator, Optional, Union
 
 import webdataset.filters as wf
+from webdataset.utils import PipelineStage
 
-__all__ = ["Batch", "Each", "Opaque", "Stage", "Unbatch", "from_webdataset",
-           "shard_level_stage"]
+__all__ = ["Batch", "Each", "Opaque", "Slice", "Stage", "Unbatch", "from_webdataset"]
 
 Apply = Callable[[Iterator[Any]], Iterator[Any]]
 
@@ -73,7 +77,29 @@ class Opaque:
     name: str
 
 
-Stage = Union[Each, Batch, Unbatch, Opaque]
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """webdataset's ``slice(*args)``: ``itertools.islice(items, start, stop, step)``. It holds
+    nothing, but counts the items it has seen; the runner keeps that count in the position."""
+
+    start: int
+    stop: Optional[int]
+    step: int
+
+    @staticmethod
+    def of(*args: Any) -> Slice:
+        """From islice's arguments (``stop`` or ``start, stop[, step]``), checked by islice
+        itself so bad ones raise its own ``ValueError``."""
+        itertools.islice((), *args)
+        bounds = slice(*args)
+        return Slice(bounds.start or 0, bounds.stop, bounds.step or 1)
+
+    @property
+    def name(self) -> str:
+        return "slice"
+
+
+Stage = Union[Each, Batch, Unbatch, Opaque, Slice]
 
 
 def _unbatch_one(batch: Any) -> Iterator[Any]:
@@ -99,36 +125,16 @@ _EACH_NAMES = {"_map": ("map", False), "_select": ("select", True), "_decode": (
 _EACH = {getattr(wf, f): v for f, v in _EACH_NAMES.items() if hasattr(wf, f)}
 
 
-def _shard_level_names() -> frozenset:
-    import webdataset.shardlists as ws
-    import webdataset.tariterators as wt
-
-    return frozenset({ws.split_by_node, ws.split_by_worker, ws.single_node_only,
-                      ws.resampled_, wt.tarfile_samples, wt.url_opener, wt.tar_file_expander,
-                      wt.group_by_keys})
-
-
-def shard_level_stage(stage: Any) -> Optional[str]:
-    """The name of a webdataset stage that works on shards or tar members (splitting by node
-    or worker, opening urls, expanding tars): a flashstream source does all of that itself."""
-    import webdataset.shardlists as ws
-
-    if isinstance(stage, (ws.SimpleShardList, ws.ResampledShards)):
-        return type(stage).__name__
-    target = stage.f if isinstance(stage, wf.FilterFunction) else stage
-    if target in _shard_level_names():
-        return getattr(target, "__name__", repr(target))
-    return None
-
-
 def from_webdataset(stage: Any) -> Union[Stage, tuple]:
     """Our description of a webdataset stage (a curried filter such as ``wds.map(f)``, a
     ``wds.detshuffle``), or of any other iterator function (an :class:`Opaque` stage).
     A shuffle comes back as ``("shuffle", bufsize)``."""
     if isinstance(stage, wf.detshuffle):
         return ("shuffle", stage.bufsize)
+    if isinstance(stage, PipelineStage):  # webdataset calls its run(source)
+        return Opaque(stage.run, type(stage).__name__)
     if not isinstance(stage, wf.FilterFunction):
-        if isinstance(stage, (Each, Batch, Unbatch, Opaque)):
+        if isinstance(stage, (Each, Batch, Unbatch, Opaque, Slice)):
             return stage
         if not callable(stage):
             raise ValueError(f"{stage!r}: a pipeline stage must be a function of an iterator "
@@ -150,7 +156,6 @@ def from_webdataset(stage: Any) -> Union[Stage, tuple]:
     if f is wf._shuffle:
         bound = dict(zip(("bufsize", "initial"), args), **kw)
         return ("shuffle", bound.get("bufsize", 1000))
-    if f is itertools.islice:
-        raise ValueError("wds.slice is not supported on a flashstream pipeline: use "
-                         ".with_epoch(n) to cut an epoch, or select() to filter")
+    if f is itertools.islice and not kw:
+        return Slice.of(*args)
     return Opaque(stage, getattr(f, "__name__", repr(f)))

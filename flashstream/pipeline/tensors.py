@@ -35,7 +35,7 @@ class TensorSpec:
         return f"tensors({self.size},partial={self.partial})"
 
     def open(self, stream: Any, *, length: Optional[int] = None, repeat: int = 0) -> Any:
-        work = stream._open_pass(length=length, repeat=repeat)
+        work = stream.open_pass(length=length, repeat=repeat)
         if stream.plan == "samples":
             return PackedPass(work, self.size, self.partial)
         return _GroupedPass(work, self.size, self.partial)

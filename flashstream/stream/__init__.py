@@ -1,8 +1,11 @@
-"""Streaming WebDataset tar shards: ShardStream and the pieces it is built from."""
+"""Streaming WebDataset tar shards: the shard source and the pieces it is built from.
 
-from .dataset import ShardStream
+``flashstream.ShardStream`` (the public class) is :class:`ShardSource` with webdataset's fluid
+methods; it lives in the pipeline layer, above this one."""
+
+from .dataset import ShardSource
 from .handlers import ignore_and_continue, reraise_exception, warn_and_continue
 from .samples import ReadStats
 
-__all__ = ["ReadStats", "ShardStream", "ignore_and_continue", "reraise_exception",
+__all__ = ["ReadStats", "ShardSource", "ignore_and_continue", "reraise_exception",
            "warn_and_continue"]

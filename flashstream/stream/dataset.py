@@ -1,4 +1,11 @@
-"""``ShardStream``: a drop-in ``IterableDataset`` over WebDataset tar shards, resumable."""
+"""``ShardSource``: an ``IterableDataset`` over WebDataset tar shards, resumable.
+
+It is the stream layer's part of ``flashstream.ShardStream`` (which adds webdataset's fluid
+methods, in the pipeline layer), and the source every pipeline builds on through a small
+public interface: ``derive``, ``open_pass``, ``attach``, ``sequence_length``, ``world``,
+``follow_main_epoch``, ``plan``, ``config`` and ``resumed``. It knows nothing of the stages
+above it.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,10 @@ import sys
 import time
 import uuid
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, TypeVar, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..pipeline.fluid import FluidInterface
 from ..settings import IOSettings, resolve
 from ..sizes import Size
 from ..telemetry.board import StatsBoard
@@ -41,7 +47,7 @@ from .state import (
 from .urls import Urls, expand_urls
 from .world import World, current_world, job_rank
 
-__all__ = ["DEFAULT_SHUFFLE_BUFFER", "ShardStream"]
+__all__ = ["DEFAULT_SHUFFLE_BUFFER", "ShardSource"]
 
 DEFAULT_SHUFFLE_BUFFER = 1000
 
@@ -49,6 +55,8 @@ DEFAULT_SHUFFLE_BUFFER = 1000
 RESAMPLED_WINDOW = 64
 
 _REPEAT_WARNED = False  # the repeated-epoch warning is given once per process
+
+_S = TypeVar("_S", bound="ShardSource")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +128,7 @@ def _record(board: StatsBoard, slot: int, generation: int, stats: ReadStats) -> 
     board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts, generation)
 
 
-class ShardStream(FluidInterface, IterableDataset):
+class ShardSource(IterableDataset):
     """Samples of WebDataset tar shards, read with aligned O_DIRECT requests kept in flight.
 
     Yields the same dicts as ``webdataset.WebDataset(urls, shardshuffle=False)`` when
@@ -165,9 +173,9 @@ class ShardStream(FluidInterface, IterableDataset):
         engine, chunk_size, queue_depth, direct: reader settings; ``None`` takes the
             process-wide value (see ``flashstream.settings``).
 
-    webdataset's fluid methods (``.shuffle .decode .to_tuple .map .batched ...``) return a
-    resumable ``flashstream.Pipeline``; ``.tensors(B)`` returns batches assembled straight from
-    the read buffers into shared memory (see docs/pipeline.md and docs/tensors.md).
+    ``flashstream.ShardStream`` is this class with webdataset's fluid methods
+    (``.shuffle .decode .to_tuple .map .batched ...``), which return a resumable
+    ``flashstream.Pipeline``, and ``.tensors(B)`` (see docs/pipeline.md and docs/tensors.md).
     """
 
     def __init__(
@@ -210,7 +218,7 @@ class ShardStream(FluidInterface, IterableDataset):
         counts = None if self.index is None else [ix.count for ix in self.index]
         self._shards = {"count": len(self.urls), "digest": shard_digest(self.urls, counts)}
         self.epoch = 0
-        self._job = job_rank()  # refreshed by every call in the main process (see _world)
+        self._job = job_rank()  # refreshed by every call in the main process (see world)
         self.last_stats: Optional[ReadStats] = None
         # Made here, in the process that builds the stream, so DataLoader workers share it.
         self.board = StatsBoard()
@@ -263,7 +271,7 @@ class ShardStream(FluidInterface, IterableDataset):
         loaded for this same epoch stays pending; for another epoch it is dropped."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self._world()  # remember the job's rank now, for DataLoader workers started later
+        self.world()  # remember the job's rank now, for DataLoader workers started later
         self._switch_epoch(epoch)
 
     def _switch_epoch(self, epoch: int) -> None:
@@ -303,7 +311,7 @@ class ShardStream(FluidInterface, IterableDataset):
             self._loaded.write("")  # workers started later must not resume it either
         self._pending, self._pending_token = None, ""
 
-    def _follow_main_epoch(self) -> None:
+    def follow_main_epoch(self) -> None:
         """Take the epoch set last in the main process, on this stream or on one it was derived
         from or for (pipelines share the note). A worker started before that ``set_epoch``
         (``persistent_workers=True``) would otherwise repeat its old epoch."""
@@ -346,7 +354,7 @@ class ShardStream(FluidInterface, IterableDataset):
         """The reader settings a pass started now would use."""
         return resolve(**self._io)
 
-    def _world(self) -> World:
+    def world(self) -> World:
         """This process's place in the job, after split_by_rank / split_by_worker."""
         world = current_world(self._job)
         if get_worker_info() is None:
@@ -381,27 +389,27 @@ class ShardStream(FluidInterface, IterableDataset):
         if self.index is None:
             raise TypeError("ShardStream has no length with index=False (no index)")
         if get_worker_info() is None:
-            self._follow_main_epoch()
-        return self._rank_plan(self._world()).length
+            self.follow_main_epoch()
+        return self._rank_plan(self.world()).length
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Dict]:
-        return self._open_pass().generate()
+        return self.open_pass().generate()
 
-    def _open_pass(self, *, length: Optional[int] = None, repeat: int = 0
-                   ) -> Union[ShardPass, SamplePass]:
+    def open_pass(self, *, length: Optional[int] = None, repeat: int = 0
+                  ) -> Union[ShardPass, SamplePass]:
         """Start this process's pass over the current epoch (resuming a loaded state), and make
         it the active one. The state it resumed, if any, is ``self.resumed``. For pipelines:
         ``length`` cuts the sample plan's sequence short or continues it into repetitions of
         the epoch; ``repeat`` starts the shard plan's repetition ``repeat`` of the epoch."""
-        config, world = self.config, self._world()
+        config, world = self.config, self.world()
         if self.single_node and self._job[1] > 1:
             raise ValueError(f"this dataset reads every shard on each of {self._job[1]} ranks "
                              f"(nodesplitter=single_node_only, webdataset's default): pass "
                              f"nodesplitter=wds.split_by_node to split shards by rank, or "
                              f"nodesplitter=None to read all shards on every rank")
         info = get_worker_info()
-        self._follow_main_epoch()  # set_epoch on the stream or on a pipeline built from it
+        self.follow_main_epoch()  # set_epoch on the stream or on a pipeline built from it
         if info is not None:
             self._marks.mark(self.epoch)
         resume = self._take_pending(info)
@@ -446,9 +454,9 @@ class ShardStream(FluidInterface, IterableDataset):
                                       length=length)
         return self._active
 
-    # -- pipelines (flashstream.pipeline) -------------------------------------------------------
-    def _derive(self, *, shuffle_buffer: Optional[int] = None, batch_size: Optional[int] = None,
-                signature: Optional[str] = None) -> ShardStream:
+    # -- the source interface pipelines build on ----------------------------------------------
+    def derive(self: _S, *, shuffle_buffer: Optional[int] = None,
+               batch_size: Optional[int] = None, signature: Optional[str] = None) -> _S:
         """A copy for a pipeline: the same shards and index, some settings changed, its own
         files shared with its DataLoader workers. It follows ``set_epoch`` on this stream too
         (the epoch note is shared), so either object can be told the epoch."""
@@ -476,30 +484,14 @@ class ShardStream(FluidInterface, IterableDataset):
             new.signature = signature
         return new
 
-    def _compose(self, *stages: Any) -> Any:
-        from ..pipeline.pipeline import Pipeline
+    def sequence_length(self) -> int:
+        """Sample plan: positions of the rank's sequence in the current epoch (one pass)."""
+        return self._rank_plan(self.world()).length
 
-        return Pipeline(self, stages)
-
-    def _shuffled(self, size: int) -> ShardStream:
-        return self._derive(shuffle_buffer=size)
-
-    def _epoch(self, *, items: Optional[int], repetitions: int) -> Any:
-        from ..pipeline.pipeline import EpochSpec, Pipeline
-
-        return Pipeline(self, epoch=EpochSpec(items, repetitions))
-
-    def with_length(self, n: int, silent: bool = False) -> Any:
-        """A pipeline of this stream whose ``len()`` is ``n`` (see Pipeline.with_length)."""
-        return self._compose().with_length(n, silent=silent)
-
-    def tensors(self, batch_size: int, *, partial: bool = True) -> Any:
-        """Batches of ``batch_size`` samples as shared-memory uint8 tensors, one per field,
-        copied once from the read buffers (see docs/tensors.md)."""
-        from ..pipeline.pipeline import Pipeline
-        from ..pipeline.tensors import TensorSpec
-
-        return Pipeline(self, tensors=TensorSpec(batch_size, partial))
+    def attach(self, run: Any) -> None:
+        """Make ``run`` the active pass: ``state_dict()`` then asks it for this process's
+        position (a pipeline's runner knows it better than the stream's pass)."""
+        self._active = run
 
     def stats(self) -> Dict[str, object]:
         """Counters and the merged request-latency histogram of the passes started since the
@@ -516,8 +508,8 @@ class ShardStream(FluidInterface, IterableDataset):
         (ints, strings, lists, str-keyed dicts). Inside a DataLoader worker: that worker's
         position (torchdata's StatefulDataLoader collects them)."""
         if get_worker_info() is None:
-            self._follow_main_epoch()  # set_epoch on a stream this one was derived from
-        world = self._world()
+            self.follow_main_epoch()  # set_epoch on a stream this one was derived from
+        world = self.world()
         identity = self._identity(world)
         active = self._active
         if active is not None and active.epoch == self.epoch:
@@ -544,8 +536,8 @@ class ShardStream(FluidInterface, IterableDataset):
         DataLoader's state): the next pass continues its epoch exactly where it stopped.
         Raises ``ValueError`` when the state does not fit this stream and job."""
         if get_worker_info() is None:
-            self._follow_main_epoch()  # set_epoch on a stream this one was derived from
-        check_state(state, self._identity(self._world()))
+            self.follow_main_epoch()  # set_epoch on a stream this one was derived from
+        check_state(state, self._identity(self.world()))
         if finished(state) and state["epoch"] < self.epoch:
             # Saved after the last sample of an epoch older than the one set (torchdata loads
             # the state lazily, after the training loop's set_epoch): nothing to resume.
@@ -578,7 +570,7 @@ class ShardStream(FluidInterface, IterableDataset):
         return merge_states(find_states(obj))
 
     def __getstate__(self) -> Dict[str, Any]:
-        self._world()  # spawned DataLoader workers get the rank the parent sees now
+        self.world()  # spawned DataLoader workers get the rank the parent sees now
         state = self.__dict__.copy()
         state["_active"] = None  # a running pass (generator) does not cross processes
         return state
