@@ -218,7 +218,7 @@ def DataPipeline(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - webdataset's
         return pipeline.compose(*stages) if stages else pipeline._compose()
     block = recognise(flat)
     if isinstance(block, str):
-        return WebdatasetPipeline(*flat, reason=block)
+        return WebdatasetPipeline(*args, reason=block)
     stream = ShardStream(list(block.urls), shuffle=False, shard_shuffle=block.shard_shuffle,
                          seed=block.seed, handler=block.handler,
                          split_by_rank=block.split_by_rank,
