@@ -274,3 +274,18 @@ def test_a_resumed_data_pipeline_continues_exactly(shards):
                                wds.batched(3))
 
     check_resume(make, workers=2, stops=[0, 1, 3, 5])
+
+
+def test_urls_given_as_a_one_shot_iterator(shards):
+    ours = fs.WebDataset(iter(shards), shardshuffle=False).to_tuple("__key__")
+    theirs = wds.WebDataset(iter(shards), shardshuffle=False).to_tuple("__key__")
+    assert ours.explain().accelerated and _items(ours) == _items(theirs)
+    piped = fs.WebDataset((f"pipe:cat {u}" for u in shards), shardshuffle=False)
+    assert len(list(piped)) == 26
+
+
+def test_arguments_webdataset_refuses_are_refused_with_its_error(shards):
+    with pytest.raises(TypeError):
+        fs.WebDataset(shards, shardshuffle=False, no_such_argument=1)
+    with pytest.raises(TypeError):
+        fs.WebDataset(["pipe:cat x.tar"], no_such_argument=1)

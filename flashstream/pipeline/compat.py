@@ -151,15 +151,19 @@ class WebDataset(Pipeline):
         bound = _WDS_SIGNATURE.bind_partial(*args, **{k: v for k, v in kw.items()
                                                        if k in _WDS_SIGNATURE.parameters})
         bound.apply_defaults()
-        given = bound.arguments
+        given = dict(bound.arguments)
+        if isinstance(given["urls"], Iterator):  # read once here: checked, then used
+            given["urls"] = list(given["urls"])
         reason = _fallback_reason(given["urls"], nodesplitter=given["nodesplitter"],
                                   workersplitter=given["workersplitter"],
                                   rename_files=given["rename_files"])
         if not reason:
-            return super().__new__(cls)
+            made = super().__new__(cls)
+            made._given_urls = given["urls"]
+            return made
         ours = [k for k in kw if k in _FLASHSTREAM_ONLY and k not in _WDS_SIGNATURE.parameters]
-        theirs = {k: v for k, v in kw.items() if k not in ours}
-        return WebdatasetDataset(*args, reason=reason, ignored=ours, **theirs)
+        unknown = {k: v for k, v in kw.items() if k not in ours and k not in given}
+        return WebdatasetDataset(reason=reason, ignored=ours, **given, **unknown)
 
     def __init__(self, urls: Urls, handler: Any = wds.reraise_exception, mode: Optional[str] = None,
                  resampled: bool = False, repeat: bool = False, shardshuffle: Any = None,
@@ -169,6 +173,7 @@ class WebDataset(Pipeline):
                  workersplitter: Any = ws.split_by_worker, select_files: Any = None,
                  rename_files: Any = None, empty_check: bool = True, verbose: bool = False,
                  seed: Optional[int] = None, **flashstream_kw: Any) -> None:
+        urls = self.__dict__.pop("_given_urls", urls)  # an iterator was read by __new__
         resampled = bool(resampled) or mode == "resampled"
         if cache_dir is not None or cache_size not in (-1, 0):
             log.debug("cache_dir/cache_size ignored: flashstream reads local shards directly")
