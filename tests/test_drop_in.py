@@ -289,3 +289,17 @@ def test_arguments_webdataset_refuses_are_refused_with_its_error(shards):
         fs.WebDataset(shards, shardshuffle=False, no_such_argument=1)
     with pytest.raises(TypeError):
         fs.WebDataset(["pipe:cat x.tar"], no_such_argument=1)
+
+
+
+def test_a_state_saved_through_one_slice_does_not_load_into_another(shards):
+    def make(stop):
+        return fs.WebDataset(shards, shardshuffle=False).to_tuple("__key__").slice(1, stop)
+
+    saved = make(9)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    make(9).load_state_dict(state)
+    with pytest.raises(ValueError):
+        make(10).load_state_dict(state)

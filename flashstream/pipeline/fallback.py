@@ -34,6 +34,8 @@ class WebdatasetPipeline(wds.DataPipeline, wc.FluidInterface):
     """``webdataset.DataPipeline(*stages)`` itself, with :meth:`explain`; built by
     ``flashstream.DataPipeline`` when it cannot accelerate the pipeline (``reason``)."""
 
+    accelerated = False
+
     def __init__(self, *stages: Any, reason: str) -> None:
         super().__init__(*stages)
         self.fallback_reason = reason
@@ -48,6 +50,8 @@ class WebdatasetDataset(wds.WebDataset):
     """``webdataset.WebDataset(urls, **kw)`` itself, with :meth:`explain`; built by
     ``flashstream.WebDataset`` when it cannot accelerate it (``reason``). flashstream's own
     reader settings (``ignored``) have nothing to set here."""
+
+    accelerated = False
 
     def __init__(self, urls: Any, *, reason: str, ignored: Sequence[str] = (),
                  **kw: Any) -> None:

@@ -23,7 +23,7 @@ from ..stream.state import own_entry
 from .explain import Explanation, explain_pipeline
 from .fluid import FluidInterface
 from .run import Compiled, Run, compile_stages
-from .stages import Batch, Each, Opaque, Stage, Unbatch
+from .stages import Batch, Each, Opaque, Slice, Stage, Unbatch
 
 __all__ = ["EpochSpec", "Pipeline"]
 
@@ -48,6 +48,8 @@ class EpochSpec:
 def _describe(stage: Stage) -> str:
     if isinstance(stage, Batch):
         return f"{stage.name}({stage.size},partial={stage.partial})"
+    if isinstance(stage, Slice):
+        return f"slice({stage.start},{stage.stop},{stage.step})"
     return stage.name
 
 
