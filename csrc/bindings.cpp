@@ -64,14 +64,27 @@ void raise_os_error(const IoError& e) {
   Py_DECREF(exc);
 }
 
+// FormatError(message, offset) with its `shard_only` attribute (see FormatError::shard_only).
+// Returns a new reference, or null with a Python error set.
+PyObject* make_format_error(const FormatError& e) {
+  nb::object args = nb::make_tuple(nb::str(e.what()), e.offset());
+  PyObject* exc = PyObject_CallObject(g_format_error, args.ptr());
+  if (exc != nullptr &&
+      PyObject_SetAttrString(exc, "shard_only", e.shard_only() ? Py_True : Py_False) != 0)
+    Py_CLEAR(exc);
+  return exc;
+}
+
 void translate_exceptions(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
   } catch (const IoError& e) {
     raise_os_error(e);
   } catch (const FormatError& e) {
-    nb::object args = nb::make_tuple(nb::str(e.what()), e.offset());
-    PyErr_SetObject(g_format_error, args.ptr());
+    PyObject* exc = make_format_error(e);
+    if (exc == nullptr) return;  // the call already set an error
+    PyErr_SetObject(g_format_error, exc);
+    Py_DECREF(exc);
   }
 }
 
@@ -341,9 +354,12 @@ class PyScanner {
   void feed(nb::handle data) {
     OneCallAtATime busy(busy_, "Scanner");
     auto view = std::make_unique<BufferView>(data);
-    {
+    try {
       nb::gil_scoped_release release;
       scanner_.feed(view->data(), view->size());
+    } catch (...) {  // samples completed before the error may point into `data` too
+      if (!scanner_.samples().empty()) fed_.push_back(std::move(view));
+      throw;
     }
     if (!scanner_.samples().empty()) fed_.push_back(std::move(view));
   }
@@ -352,6 +368,13 @@ class PyScanner {
     OneCallAtATime busy(busy_, "Scanner");
     nb::gil_scoped_release release;
     scanner_.end_shard();
+  }
+
+  // After feed() or end_shard() raised FormatError: the group of members being assembled
+  // joins the completed samples (see TarScanner::flush_open_group); false when there is none.
+  bool flush_open_group() {
+    OneCallAtATime busy(busy_, "Scanner");
+    return scanner_.flush_open_group();
   }
 
   bool at_end() const { return scanner_.at_end(); }
@@ -539,8 +562,7 @@ nb::object exception_object(const std::exception_ptr& error) {
   } catch (const IoError& e) {
     exc = make_os_error(e);
   } catch (const FormatError& e) {
-    nb::object args = nb::make_tuple(nb::str(e.what()), e.offset());
-    exc = PyObject_CallObject(g_format_error, args.ptr());
+    exc = make_format_error(e);
   } catch (const std::exception& e) {
     exc = PyObject_CallFunction(PyExc_RuntimeError, "s", e.what());
   }
@@ -869,7 +891,9 @@ class PyCowSnapshot {
 NB_MODULE(_core, m) {
   m.doc() = "flashstream C++ core: O_DIRECT reader, tar scanner, checkpoint writer";
   g_format_error = PyErr_NewExceptionWithDoc(
-      "flashstream._core.FormatError", "A tar shard is malformed; args = (message, offset).",
+      "flashstream._core.FormatError",
+      "A tar shard is malformed; args = (message, offset). shard_only: webdataset, meeting "
+      "the same damage, could end only this shard (see csrc/common/errors.hpp).",
       PyExc_ValueError, nullptr);
   m.attr("FormatError") = nb::borrow(g_format_error);
   nb::register_exception_translator(translate_exceptions);
@@ -1003,6 +1027,7 @@ NB_MODULE(_core, m) {
            nb::arg("start_offset") = 0)
       .def("feed", &PyScanner::feed, nb::arg("data"))
       .def("end_shard", &PyScanner::end_shard)
+      .def("flush_open_group", &PyScanner::flush_open_group)
       .def_prop_ro("at_end", &PyScanner::at_end)
       .def("take", &PyScanner::take, nb::arg("with_offsets") = false)
       .def("spans", &PyScanner::spans)

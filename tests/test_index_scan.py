@@ -135,6 +135,15 @@ def corrupt_shard(path, *, members=12, size=1 << 20, bad=7):
     return header
 
 
+def stopping_shard(path, *, members=4, size=100_000, bad=2):
+    """corrupt_shard's members, cut inside the padding before member ``bad``'s header:
+    tarfile raises looking for that header, where webdataset's False handler ends the stream
+    (after the open sample, member ``bad - 1``). A bad header itself it would pass over."""
+    header = corrupt_shard(path, members=members, size=size, bad=bad)
+    path.write_bytes(path.read_bytes()[:header - 100])
+    return header - 100
+
+
 @pytest.mark.parametrize("mode", METHODS)
 def test_a_corrupt_header_found_by_hopping_raises_as_the_full_scan(tmp_path, monkeypatch,
                                                                     mode):
@@ -177,13 +186,22 @@ def test_a_handler_that_stops_leaves_the_later_shards_unread(tmp_path, monkeypat
     bad = tmp_path / "bad.tar"
     corrupt_shard(bad, members=4, size=100_000, bad=2)
     good = write_tar(tmp_path / "good.tar", make_samples(3, sizes=[80_000]))
+    cut = tmp_path / "cut.tar"
+    stopping_shard(cut)
     for mode in ("full", "hop"):
         seen = []
-        found, errors, _ = scan([good, bad, good], mode, monkeypatch,
+        found, errors, _ = scan([good, cut, good], mode, monkeypatch,
                                 handler=lambda exn, seen=seen: seen.append(exn) and False)
         assert [index.count for index in found] == [3, 2, 0], mode
         assert "not read" in errors[2][1]
         assert len(seen) == 1  # the handler never sees the shards it left unread
+        # A bad header after the first: tarfile ends the archive there quietly, and webdataset
+        # goes on with the next shard, so a False verdict ends only that shard.
+        seen.clear()
+        found, errors, _ = scan([good, bad, good], mode, monkeypatch,
+                                handler=lambda exn, seen=seen: seen.append(exn) and False)
+        assert [index.count for index in found] == [3, 2, 3], mode
+        assert len(seen) == 1 and seen[0].shard_only
 
 
 def test_hopping_one_mib_members_reads_under_two_percent(tmp_path, monkeypatch):
@@ -249,7 +267,7 @@ def test_nothing_to_scan(monkeypatch, mode):
 
 def test_the_handler_ending_the_scan_carries_over_batches(tmp_path, monkeypatch):
     bad = tmp_path / "bad.tar"
-    corrupt_shard(bad, members=4, size=100_000, bad=2)
+    stopping_shard(bad)
     good = write_tar(tmp_path / "good.tar", make_samples(3, sizes=[80_000]))
     seen, state, errors = [], index_scan.ScanState(), {}
 

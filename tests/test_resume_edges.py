@@ -128,10 +128,10 @@ def test_persistent_workers_follow_set_epoch(shards):
 def test_a_scan_ended_by_the_handler_caches_nothing_it_did_not_read(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     paths = write_uneven(tmp_path / "d", counts=(5, 3, 4))
-    data = bytearray(Path(paths[1]).read_bytes())
-    data[1024 + 148:1024 + 155] = b"9999999"  # a header checksum after the first sample
-    Path(paths[1]).write_bytes(bytes(data))
-    stopped = ShardStream(paths, handler=lambda exn: False)  # end the stream at the bad header
+    # Cut in the padding before the second sample's header: tarfile raises looking for it,
+    # and a False handler ends the stream there, as webdataset's does (after the open sample).
+    Path(paths[1]).write_bytes(Path(paths[1]).read_bytes()[:1024 - 100])
+    stopped = ShardStream(paths, handler=lambda exn: False)
     assert [ix.count for ix in stopped.index] == [5, 1, 0]
     fresh = ShardStream([paths[2]])
     assert fresh.index_info["scan"] == 1 and len(fresh) == 4 == len(keys(fresh))

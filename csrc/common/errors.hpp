@@ -33,12 +33,18 @@ class IoError : public std::runtime_error {
 
 class FormatError : public std::runtime_error {
  public:
-  FormatError(const std::string& what, uint64_t offset)
-      : std::runtime_error(what), offset_(offset) {}
+  FormatError(const std::string& what, uint64_t offset, bool shard_only = false)
+      : std::runtime_error(what), offset_(offset), shard_only_(shard_only) {}
   uint64_t offset() const noexcept { return offset_; }  // byte offset inside the shard
+  // True where webdataset, told of the same damage, could end only this shard: tarfile meets
+  // it while a member's data is read (webdataset's member loop hands that error to its
+  // handler, whose False then ends the shard), or not at all (tarfile ends the archive
+  // quietly at a bad header after the first). The caller's handler policy follows suit.
+  bool shard_only() const noexcept { return shard_only_; }
 
  private:
   uint64_t offset_;
+  bool shard_only_;
 };
 
 }  // namespace flashstream

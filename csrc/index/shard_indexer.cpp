@@ -150,9 +150,17 @@ class Indexer {
     if (opt_.cancelled()) throw IndexCancelled();
   }
 
-  // The current exception ends shard s: samples completed before it stay in its index.
+  // The current exception ends shard s: samples completed before it stay in its index. For a
+  // format error, so does the group of members being assembled (webdataset's current sample,
+  // which it yields unless the handler raises; the caller's handler decides on the index).
   void fail(Shard& s) {
     std::exception_ptr error = std::current_exception();
+    try {
+      throw;
+    } catch (const FormatError&) {
+      s.scanner.flush_open_group();
+    } catch (...) {
+    }
     if (!collect(s)) return;
     results_[s.index].outcome = ShardOutcome::kFailed;
     results_[s.index].error = error;

@@ -52,7 +52,8 @@ struct IndexCancelled : std::runtime_error {
 
 enum class ShardOutcome : uint8_t {
   kIndexed,        // whole shard indexed
-  kFailed,         // `error` holds the FormatError or IoError; offsets hold the samples before it
+  kFailed,         // `error` holds the FormatError or IoError; offsets hold the samples before
+                   // it (and, for a FormatError, the group of members open at it)
   kCompressed,     // starts with a compression magic: not indexed here
   kNeedsFullScan,  // a field extension that is not ASCII, or "__local_path__" (webdataset's
                    // sample dict, i.e. Python's str.lower, decides whether two fields

@@ -25,8 +25,9 @@ constexpr uint64_t kMaxMemberSize = 1ull << 60;
 
 inline uint64_t padded(uint64_t size) { return (size + kBlock - 1) & ~(kBlock - 1); }
 
-[[noreturn]] inline void fail(uint64_t offset, const std::string& what) {
-  throw FormatError(what, offset);
+[[noreturn]] inline void fail(uint64_t offset, const std::string& what,
+                              bool shard_only = false) {
+  throw FormatError(what, offset, shard_only);
 }
 
 // tarfile.nts: the bytes up to the first NUL.

@@ -1,6 +1,7 @@
 // TarScanner: see tar_scanner.hpp. Member rules follow CPython 3.11 tarfile read in stream mode
 // ("r|*"); sample rules follow webdataset 1.0.2 (tar_file_iterator, base_plus_ext,
-// group_by_keys). Where tarfile silently stops on a damaged archive, we raise FormatError.
+// group_by_keys). Where tarfile silently stops on a damaged archive, we raise FormatError
+// (marked shard_only: webdataset goes on with the next shard there).
 #include "tar/tar_scanner.hpp"
 
 #include <algorithm>
@@ -140,6 +141,7 @@ struct TarScanner::State {
   uint64_t got = 0;
   uint64_t data_end = 0;  // shard offset just past the data proper
   uint64_t skip_end = 0;  // ... and past its padding
+  bool data_read = false;  // webdataset reads this member's data (see begin_member)
   std::string key, ext;
   std::shared_ptr<std::vector<uint8_t>> assembled;  // data spanning pieces
 
@@ -153,6 +155,7 @@ struct TarScanner::State {
   void end();
   uint64_t skippable() const noexcept;
   void skip(uint64_t n);
+  bool flush_open_group();
 
  private:
   const uint8_t* take_header(const uint8_t* p, const uint8_t* end);
@@ -190,14 +193,19 @@ void TarScanner::State::feed(const uint8_t* p, size_t n) {
   stats->bytes += n;
   fed = fed || n > 0;
   const uint8_t* end = p + n;
-  while (p != end) {
-    switch (phase) {
-      case Phase::kHeader: p = take_header(p, end); break;
-      case Phase::kExtData: p = take_ext_data(p, end); break;
-      case Phase::kData: p = take_data(p, end); break;
-      case Phase::kSkip: p = take_skip(p, end); break;
-      case Phase::kEnd: pos += end - p; p = end; break;
+  try {
+    while (p != end) {
+      switch (phase) {
+        case Phase::kHeader: p = take_header(p, end); break;
+        case Phase::kExtData: p = take_ext_data(p, end); break;
+        case Phase::kData: p = take_data(p, end); break;
+        case Phase::kSkip: p = take_skip(p, end); break;
+        case Phase::kEnd: pos += end - p; p = end; break;
+      }
     }
+  } catch (const FormatError&) {
+    own_open_fields();  // the open group may still be handed over (flush_open_group)
+    throw;
   }
   own_open_fields();  // the caller reuses the piece's memory after we return
 }
@@ -231,17 +239,25 @@ void TarScanner::State::end() {
   if (phase == Phase::kEnd) return;
   const std::string at = " (shard ends at offset " + std::to_string(pos) + ")";
   if (phase == Phase::kHeader && header_fill > 0) {
-    if (!pending.active) emit_open();  // complete, as in on_header: only the next header is cut
-    fail(pos, "truncated tar header at offset " + std::to_string(pos - header_fill) + ": " +
-                  std::to_string(header_fill) + " of 512 bytes");
+    // tarfile ends the archive quietly at a cut header, except at offset 0 or right after an
+    // extended header (it raises there); as in on_header, the open sample is complete.
+    const uint64_t header_at = pos - header_fill;
+    if (!pending.active) emit_open();
+    fail(pos, "truncated tar header at offset " + std::to_string(header_at) + ": " +
+                  std::to_string(header_fill) + " of 512 bytes",
+         !pending.active && header_at > 0);
   }
   if (phase == Phase::kExtData || (pending.active && pos < data_end))
     fail(pos, "truncated extended tar header at offset " + std::to_string(ext_offset) + at);
+  // tarfile raises inside webdataset's member loop when it reads the cut data (shard_only);
+  // data webdataset does not read is found cut at the next header, outside it.
   if (phase == Phase::kData || (phase == Phase::kSkip && pos < data_end))
     fail(pos, "truncated member " + name + ": " + std::to_string(size - (data_end - pos)) +
-                  " of " + std::to_string(size) + " bytes" + at);
+                  " of " + std::to_string(size) + " bytes" + at,
+         data_read);
   // Cut inside the padding after a member's data: a download that stopped there. The member
-  // is whole, but tarfile (so webdataset) raises, and the sample still open is lost there too.
+  // is whole, but tarfile (so webdataset) raises as it looks for the next header; the open
+  // sample goes to the handler's policy (flush_open_group).
   if (phase == Phase::kSkip)
     fail(pos, "truncated tar padding after member " + name + ": the shard ends " +
                   std::to_string(skip_end - pos) + " bytes short of a 512-byte block" + at);
@@ -321,12 +337,14 @@ void TarScanner::State::on_header(const uint8_t* h, uint64_t offset) {
   bool is_header = false;
   try {
     is_header = tar::parse_header(h, offset, &raw);
-  } catch (const FormatError&) {
+  } catch (const FormatError& e) {
     // Every member of the open sample is complete: deliver it before the error, as webdataset
-    // does (tarfile ends the archive at a bad header and the open sample is flushed). Not after
-    // an extended header: tarfile raises there, and webdataset loses the open sample.
-    if (!pending.active) emit_open();
-    throw;
+    // does (tarfile ends the archive quietly at a bad header after the first, and the open
+    // sample is flushed): shard_only. Not after an extended header, nor at offset 0: tarfile
+    // raises there, and the open sample goes to the handler's policy (flush_open_group).
+    if (pending.active || offset == 0) throw;
+    emit_open();
+    throw FormatError(e.what(), e.offset(), true);
   }
   if (!is_header) return on_end_block(offset);
   switch (raw.type) {
@@ -451,9 +469,13 @@ void TarScanner::State::begin_member(const tar::RawHeader& h, uint64_t offset) {
   const bool has_data = !has_no_data(type);
   data_end = pos + (has_data ? size : 0);
   skip_end = pos + (has_data ? tar::padded(size) : 0);
+  // tar_file_iterator reads every regular member that is not metadata, even one whose name
+  // has no key (group_by_keys drops it later): its cut data raises inside the member loop.
+  const bool meta = regular && is_meta_name(name);
+  data_read = regular && !meta;
 
   std::string_view k, e;
-  if (!regular || is_meta_name(name) || !split_key(name, &k, &e)) {
+  if (!regular || meta || !split_key(name, &k, &e)) {
     ++stats->skipped;
     return enter_skip();
   }
@@ -495,6 +517,14 @@ void TarScanner::State::finish_member(const uint8_t* data,
   open.end_offset = skip_end;
   ++stats->members;
   enter_skip();
+}
+
+bool TarScanner::State::flush_open_group() {
+  phase = Phase::kEnd;
+  if (open.fields.empty()) return false;
+  open.end_offset = std::min(open.end_offset, pos);  // a cut inside its last padding
+  emit_open();
+  return true;
 }
 
 void TarScanner::State::emit_open() {
@@ -545,5 +575,11 @@ void TarScanner::skip(uint64_t n) {
 }
 
 uint64_t TarScanner::position() const noexcept { return state_->pos; }
+
+bool TarScanner::flush_open_group() {
+  state_->samples = &samples_;
+  state_->stats = &stats_;
+  return state_->flush_open_group();
+}
 
 }  // namespace flashstream

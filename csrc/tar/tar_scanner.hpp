@@ -67,6 +67,15 @@ class TarScanner {
   // shard, a truncated header or a truncated member (offset = where the shard ended).
   void end_shard();
 
+  // After feed() or end_shard() threw FormatError: hands over the group of members being
+  // assembled when the shard failed (webdataset's current sample: the members completed
+  // before the bad spot, possibly all of the sample's) by appending it to samples(), with its
+  // end_offset cut to the bytes fed; returns false when there is none. Whether to deliver it
+  // is the caller's policy: webdataset yields it unless its handler raises. Ends the shard:
+  // later bytes are ignored until begin_shard. Where tarfile ends the archive quietly (a bad
+  // or cut header after the first) the scanner already delivered the group before throwing.
+  bool flush_open_group();
+
   // True once the end-of-archive marker (a zero block) was seen; later bytes are ignored.
   bool at_end() const noexcept;
 

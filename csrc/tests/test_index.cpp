@@ -29,7 +29,9 @@ void write_file(const std::string& path, const std::string& data) {
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
-// The full scanner's samples over the whole archive, and its error ("" when none).
+// The full scanner's samples over the whole archive (after an error, the samples before it and
+// the group of members open at it, as the reader delivers them unless its handler raises), and
+// its error ("" when none).
 std::pair<Spans, std::string> full_scan(const std::string& tar) {
   TarScanner scanner;
   scanner.begin_shard(0);
@@ -39,7 +41,9 @@ std::pair<Spans, std::string> full_scan(const std::string& tar) {
     scanner.feed(reinterpret_cast<const uint8_t*>(tar.data()), tar.size());
     scanner.end_shard();
   } catch (const FormatError& e) {
-    error = std::string(e.what()) + " @" + std::to_string(e.offset());
+    error = std::string(e.what()) + " @" + std::to_string(e.offset()) +
+            (e.shard_only() ? " shard_only" : "");
+    scanner.flush_open_group();
   }
   for (const Sample& s : scanner.samples())
     spans.emplace_back(static_cast<int64_t>(s.offset), static_cast<int64_t>(s.end_offset));
@@ -57,7 +61,8 @@ std::string error_of(const ShardIndexResult& r) {
   try {
     std::rethrow_exception(r.error);
   } catch (const FormatError& e) {
-    return std::string(e.what()) + " @" + std::to_string(e.offset());
+    return std::string(e.what()) + " @" + std::to_string(e.offset()) +
+           (e.shard_only() ? " shard_only" : "");
   } catch (const IoError& e) {
     return std::string("io: ") + e.what();
   }
@@ -125,6 +130,7 @@ TEST_CASE("hopping and sequential indexing equal the full scan, on every engine"
 }
 
 TEST_CASE("a cut or corrupt shard fails as the full scan does, keeping the samples before") {
+  // ... and the group of members open at the error, with the same shard_only mark.
   fstest::TempDir dir;
   std::string tar = archives()[0];
   HeaderOpts bad;

@@ -31,6 +31,8 @@ struct Got {
   bool failed = false;
   std::string error;
   uint64_t error_offset = 0;
+  bool shard_only = false;
+  std::vector<S> group;  // what flush_open_group handed over after the error
   ScanStats stats;
   bool at_end = false;
 };
@@ -77,6 +79,13 @@ Got scan(const std::string& tar, std::vector<size_t> sizes, uint64_t start = 0) 
     g.failed = true;
     g.error = e.what();
     g.error_offset = e.offset();
+    g.shard_only = e.shard_only();
+    std::fill(piece.begin(), piece.end(), 0xEE);  // the group must not point into the piece
+    Got flushed;
+    const bool handed_over = sc.flush_open_group();
+    CHECK(handed_over == !sc.samples().empty());
+    drain(sc, flushed);
+    g.group = std::move(flushed.samples);
   }
   g.stats = sc.stats();
   g.at_end = sc.at_end();
@@ -94,6 +103,8 @@ Got scan_all(const std::string& tar) {
     CHECK(g.failed == ref.failed);
     CHECK(g.error == ref.error);
     CHECK(g.error_offset == ref.error_offset);
+    CHECK(g.shard_only == ref.shard_only);
+    CHECK(g.group == ref.group);
     CHECK(g.stats.members == ref.stats.members);
     CHECK(g.stats.skipped == ref.stats.skipped);
     CHECK(g.at_end == ref.at_end);
@@ -105,6 +116,7 @@ Got scan_all(const std::string& tar) {
     Got g = scan(tar, sizes);
     CHECK(g.samples == ref.samples);
     CHECK(g.error == ref.error);
+    CHECK(g.group == ref.group);
   }
   return ref;
 }
@@ -595,6 +607,145 @@ TEST_CASE("malformed pax headers raise") {
   // Text that does not start like a record ends parsing quietly, as in tarfile.
   Got f = scan_all(member("p", "junk", x) + member("a.txt", "1") + kEnd);
   CHECK(!f.failed && f.samples.size() == 1 && f.samples[0].key == "a");
+}
+
+// ---- the group open when a shard fails (flush_open_group) and shard_only ----
+// webdataset (tar_file_iterator over tarfile "r|*", then group_by_keys) yields the sample it was
+// assembling when a shard fails unless its handler raises; a False handler ends only the shard
+// where tarfile raises inside the member loop (cut member data) or never raises (a bad or cut
+// header after the first ends the archive quietly). Checked against webdataset 1.0.2.
+
+TEST_CASE("a cut inside member data hands over the members completed before it") {
+  const std::string cls = member("s1.cls", "7"), png = member("s1.png", std::string(900, 'p'));
+  const std::string tar = member("s0.cls", "0") + cls + png;
+  const uint64_t cut = 2048 + 512 + 100;  // s1.png's data, 100 of 900 bytes
+  Got g = scan_all(tar.substr(0, cut));
+  CHECK(has_error(g, "truncated member s1.png: 100 of 900 bytes"));
+  CHECK(g.error_offset == cut && g.shard_only);
+  CHECK(g.samples.size() == 1 && g.samples[0].key == "s0");
+  const Got::S want{"s1", 1024, 2048, {{"cls", "7"}}};
+  CHECK(g.group.size() == 1 && g.group[0] == want);
+  // Cut in the first member of s1: the group is s0, whole (webdataset's current sample).
+  Got h = scan_all(tar.substr(0, 1024 + 512));
+  CHECK(has_error(h, "truncated member s1.cls: 0 of 1 bytes") && h.shard_only);
+  CHECK(h.samples.empty() && h.group.size() == 1 && h.group[0].key == "s0");
+}
+
+TEST_CASE("a cut in the padding hands over the whole sample, its end at the cut") {
+  const std::string tar = member("a.x", "1") + member("b.y", std::string(20, 'y'));
+  const uint64_t cut = 512 + 512 + 512 + 100;
+  Got g = scan_all(tar.substr(0, cut));
+  CHECK(has_error(g, "truncated tar padding"));
+  CHECK(!g.shard_only);  // tarfile raises looking for the next header: a False handler stops
+  CHECK(g.samples.size() == 1 && g.samples[0].key == "a");
+  CHECK(g.group.size() == 1 && g.group[0].key == "b");
+  CHECK(g.group[0].offset == 1024 && g.group[0].end_offset == cut);
+  // Cut right after the data: the same.
+  Got h = scan_all(tar.substr(0, 512 + 512 + 512 + 20));
+  CHECK(has_error(h, "truncated tar padding") && !h.shard_only);
+  CHECK(h.group.size() == 1 && h.group[0].end_offset == 512 + 512 + 512 + 20);
+}
+
+TEST_CASE("where tarfile ends the archive quietly the group comes before the error") {
+  HeaderOpts bad;
+  bad.checksum_delta = 5;
+  const std::string a = member("s0.x", "0") + member("s1.x", "1");
+  Got g = scan_all(a + member("s1.y", "2", bad) + kEnd);
+  CHECK(has_error(g, "invalid tar header checksum at offset 2048") && g.shard_only);
+  CHECK(g.samples.size() == 2 && g.samples[1].key == "s1" && g.group.empty());
+  Got h = scan_all((a + member("s1.y", "2")).substr(0, 2048 + 300));
+  CHECK(has_error(h, "truncated tar header at offset 2048") && h.shard_only);
+  CHECK(h.samples.size() == 2 && h.group.empty());
+  // At offset 0 tarfile raises ("bad checksum", "truncated header"), so webdataset stops.
+  Got z = scan_all(member("s0.x", "0", bad) + kEnd);
+  CHECK(z.failed && !z.shard_only && z.samples.empty() && z.group.empty());
+  Got t = scan_all(member("s0.x", "0").substr(0, 300));
+  CHECK(has_error(t, "truncated tar header at offset 0") && !t.shard_only);
+  // After an extended header tarfile raises (SubsequentHeaderError): the group is handed over.
+  Got x = scan_all(a + gnu_long("s9.z") + member("s9.z", "9", bad) + kEnd);
+  CHECK(has_error(x, "invalid tar header checksum at offset 3072") && !x.shard_only);
+  CHECK(x.samples.size() == 1 && x.group.size() == 1 && x.group[0].key == "s1");
+  Got y = scan_all((a + gnu_long("s9.z") + member("s9.z", "9")).substr(0, 3072 + 100));
+  CHECK(has_error(y, "truncated tar header at offset 3072") && !y.shard_only);
+  CHECK(y.samples.size() == 1 && y.group.size() == 1 && y.group[0].key == "s1");
+}
+
+TEST_CASE("cut data webdataset never reads stops the stream there") {
+  // tar_file_iterator reads every regular member that is not metadata, even one without a key.
+  const std::string head = member("s0.x", "0");
+  Got keyless = scan_all((head + member("README", std::string(900, 'r'))).substr(0, 1024 + 600));
+  CHECK(has_error(keyless, "truncated member README") && keyless.shard_only);
+  CHECK(keyless.group.size() == 1 && keyless.group[0].key == "s0");
+  Got meta = scan_all((head + member("__meta__", std::string(900, 'm'))).substr(0, 1024 + 600));
+  CHECK(has_error(meta, "truncated member __meta__") && !meta.shard_only);
+  CHECK(meta.group.size() == 1 && meta.group[0].key == "s0");
+  HeaderOpts volume;
+  volume.type = 'V';
+  Got v = scan_all((head + member("v.vol", std::string(900, 'v'), volume)).substr(0, 1024 + 600));
+  CHECK(has_error(v, "truncated member v.vol") && !v.shard_only);
+  Got ext = scan_all((head + gnu_long("s1.x")).substr(0, 1024 + 520));
+  CHECK(has_error(ext, "truncated extended tar header") && !ext.shard_only);
+  CHECK(ext.group.size() == 1 && ext.group[0].key == "s0");
+}
+
+TEST_CASE("no group to hand over, and nothing after it") {
+  Got empty_cut = scan_all(member("s0.x", std::string(600, 'x')).substr(0, 700));
+  CHECK(empty_cut.failed && empty_cut.group.empty());  // cut in the only sample's only member
+  TarScanner sc;
+  sc.begin_shard(0);
+  const std::string tar = member("s0.x", "0") + member("s1.x", std::string(900, '1'));
+  sc.feed(reinterpret_cast<const uint8_t*>(tar.data()), 1024 + 512 + 10);
+  bool shard_only = false;
+  try {
+    sc.end_shard();
+  } catch (const FormatError& e) {
+    shard_only = e.shard_only();
+  }
+  // s1 has no complete member: the open group is still s0 (a new key starts a new sample only
+  // when its first member is complete).
+  CHECK(shard_only && sc.samples().empty());
+  CHECK(sc.flush_open_group());
+  CHECK(sc.samples().size() == 1 && sc.samples()[0].key == "s0");
+  CHECK(!sc.flush_open_group());
+  const std::string more = member("s2.x", "2");  // ignored until begin_shard
+  sc.feed(reinterpret_cast<const uint8_t*>(more.data()), more.size());
+  CHECK(sc.samples().size() == 1);
+  sc.begin_shard(0);
+  sc.feed(reinterpret_cast<const uint8_t*>(more.data()), more.size());
+  sc.end_shard();
+  CHECK(sc.samples().size() == 1 && sc.samples()[0].key == "s2");
+}
+
+TEST_CASE("index-only mode hands over the same group, without data") {
+  const std::string tar = member("s0.x", "0") + member("s1.a", "1") + member("s1.b", "22") +
+                          member("s1.c", std::string(3000, 'c'));
+  Got full = scan_all(tar.substr(0, tar.size() - 1000));
+  CHECK(full.group.size() == 1 && full.group[0].fields.size() == 2);
+  TarScanner sc;
+  sc.set_index_only(true);
+  sc.begin_shard(0);
+  const size_t cut = tar.size() - 1000;
+  bool thrown = false;
+  try {
+    sc.feed(reinterpret_cast<const uint8_t*>(tar.data()), 2048);
+    while (sc.position() < cut) {
+      const uint64_t hop = std::min<uint64_t>(sc.skippable(), cut - sc.position());
+      if (hop > 0) {
+        sc.skip(hop);
+      } else {
+        sc.feed(reinterpret_cast<const uint8_t*>(tar.data()) + sc.position(), 512);
+      }
+    }
+    sc.end_shard();
+  } catch (const FormatError& e) {
+    thrown = e.shard_only();
+  }
+  CHECK(thrown);
+  CHECK(sc.flush_open_group());
+  CHECK(sc.samples().size() == 2);
+  const Sample& group = sc.samples()[1];
+  CHECK(group.key == "s1" && group.fields.size() == 2 && group.fields[1].data == nullptr);
+  CHECK(group.offset == full.group[0].offset && group.end_offset == full.group[0].end_offset);
 }
 
 TEST_MAIN()

@@ -1,7 +1,9 @@
 """Error policies for bad shards, compatible with webdataset's ``handler=`` callables.
 
 A handler receives the exception and returns True to skip the rest of that shard and go on,
-False to end the stream quietly, or raises to propagate.
+False to end the stream quietly, or raises to propagate. As in webdataset, False ends only the
+shard for damage webdataset meets inside its member loop or not at all (a ShardFormatError
+marked ``shard_only``): see :func:`goes_on`.
 """
 
 from __future__ import annotations
@@ -9,10 +11,18 @@ from __future__ import annotations
 import warnings
 from typing import Callable, Union
 
-__all__ = ["Handler", "ignore_and_continue", "reraise_exception", "resolve_handler",
+__all__ = ["Handler", "goes_on", "ignore_and_continue", "reraise_exception", "resolve_handler",
            "warn_and_continue"]
 
 Handler = Callable[[BaseException], bool]
+
+
+def goes_on(handler: Handler, exn: BaseException) -> bool:
+    """Ask ``handler`` about ``exn`` (it may raise): whether the stream goes on past the shard.
+    A False verdict ends the stream, except on a shard that webdataset would end alone (a
+    ShardFormatError's ``shard_only``: a cut inside a member's data, which webdataset's member
+    loop hands to the handler, or damage tarfile takes for the archive's end)."""
+    return bool(handler(exn)) or bool(getattr(exn, "shard_only", False))
 
 
 def reraise_exception(exn: BaseException) -> bool:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from .. import engine as core
 from ..errors import ShardFormatError
 from ..settings import IOSettings
-from .handlers import Handler
+from .handlers import Handler, goes_on
 from .index_format import ShardIndex
 from .samples import Piece, ReadStats, Records
 from .urls import local_path
@@ -142,9 +142,11 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
                 progress: bool = False, read: Optional[ReadStats] = None,
                 state: Optional[ScanState] = None) -> List[ShardIndex]:
     """Index shards. A shard the handler skipped part of is indexed up to the bad spot (what
-    reading it delivers); ``errors`` collects those errors by shard. Errors reach the handler
-    in shard order, as in one pass over the shards; once it returns False the later shards
-    are not indexed (their ``errors`` entry says so; the handler does not see those).
+    reading it delivers: the samples before it, then the group of members open at it, which
+    webdataset yields unless the handler raises); ``errors`` collects those errors by shard.
+    Errors reach the handler in shard order, as in one pass over the shards; once it ends the
+    stream (False, see :func:`~.handlers.goes_on`) the later shards are not indexed (their
+    ``errors`` entry says so; the handler does not see those).
     ``progress``: show a progress bar on a terminal. ``read`` receives what the scan read;
     ``state`` carries the method counts and the handler's stop over several calls."""
     state = state if state is not None else ScanState()
@@ -172,7 +174,7 @@ def scan_shards(urls: Sequence[str], settings: IOSettings, handler: Handler,
         elif error is not None:
             if errors is not None:
                 errors[i] = error
-            state.stopped = not handler(error)
+            state.stopped = not goes_on(handler, error)
         out.append(ShardIndex(offsets, ends, codec, *stats[i]))
     return out
 
@@ -215,7 +217,8 @@ def _indexer_scan(urls: Sequence[str], settings: IOSettings, mode: str, read: Re
             indexed += 1
             if isinstance(error, core.FormatError):
                 message, offset = error.args
-                error = ShardFormatError(urls[i], offset, message)
+                error = ShardFormatError(urls[i], offset, message,
+                                         getattr(error, "shard_only", False))
             found[i] = (offsets, ends, None, error, "sequential" if sequential else "hop")
             read.shards += 1
             read.samples += len(offsets)

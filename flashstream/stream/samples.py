@@ -4,7 +4,9 @@ The reader keeps reads in flight across piece boundaries; the C++ scanner parses
 with the GIL released and returns the completed samples with the shard offsets of their first
 header and of their end. A piece is a whole shard, or a range that starts at a sample's first
 header (resuming, or reading by index); it can keep only some of its samples. Errors name the
-shard (and the byte offset for format errors) and go through the handler policy.
+shard (and the byte offset for format errors) and go through the handler policy; as in
+webdataset, the group of members being assembled when a shard fails (its members completed
+before the cut) is delivered unless the handler raises.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..engine import TO_END, FormatError, Scanner, open_reader
 from ..errors import ShardFormatError
 from ..settings import IOSettings
 from .decompress import DECOMPRESSION_ERRORS, Decompressor, detect
-from .handlers import Handler
+from .handlers import Handler, goes_on
 from .urls import local_path
 
 __all__ = ["READ_THROUGH", "Piece", "ReadStats", "Record", "Records", "plan_read_arrays",
@@ -78,13 +80,15 @@ class Piece:
     """Bytes ``[start, end)`` of one shard. ``start`` is 0 or the first header of a sample
     (compressed shards are always read from 0: there is no seeking into a compressed stream).
     ``keep``: the header offsets of the samples wanted (None: all); ``skip_below``: drop the
-    samples that start before this offset."""
+    samples that start before this offset; ``last_end``: reading by index, where the index
+    says the last wanted sample ends (in the decompressed stream for compressed shards)."""
 
     url: str
     start: int = 0
     end: int = TO_END
     keep: Optional[FrozenSet[int]] = None
     skip_below: int = 0
+    last_end: int = -1
 
 
 #: ``(piece, offset, end, sample)``: a sample of piece ``piece`` spanning shard bytes
@@ -115,10 +119,11 @@ class _Pass:
         self.errors: Dict[int, BaseException] = {}
 
     def fail(self, exn: BaseException) -> bool:
-        """Count and record an error of the current piece; the handler's verdict."""
+        """Count and record an error of the current piece; whether the pass goes on (the
+        handler's verdict, see :func:`~.handlers.goes_on`)."""
         self.stats.errors += 1
         self.errors[self.piece] = exn
-        return self.handler(exn)
+        return goes_on(self.handler, exn)
 
     def start_piece(self, index: int, head) -> None:
         self.piece, self.open = index, True
@@ -157,11 +162,13 @@ class _Pass:
         records = self.records()
         if last:
             # The shard's end can still fail (truncated member, cut compressed stream): keep
-            # what this piece completed so the error path delivers it before reporting.
+            # what this piece completed so the error path delivers it before reporting. The
+            # tar stream's end first: a compressed shard cut short is a tar stream cut at the
+            # decompressed offset where tarfile (so webdataset) meets the cut.
             self.pending = records
-            if self.decompressor is not None:
-                self.decompressor.finish()
             self.scanner.end_shard()
+            if self.decompressor is not None:
+                self.decompressor.finish()  # a compressed stream cut after the tar's end
             records = records + self.records()
             self.pending = []
             self.open = False
@@ -174,6 +181,28 @@ class _Pass:
             return records + self.records()
         except FormatError:  # the bad sample itself (a duplicate field): the error says so
             return records
+
+    def open_group(self, exn: BaseException) -> List[Record]:
+        """After the scanner failed with ``exn``: the group of members it was assembling
+        (webdataset's current sample, yielded after the cut unless the handler raises), as
+        this piece's records if wanted. None after a compressed stream failed to inflate:
+        where that falls in the tar stream depends on how the reads cut it, not on the
+        shard."""
+        if not isinstance(exn, FormatError) or not self.scanner.flush_open_group():
+            return []
+        return self.salvage()
+
+    def met_by_index(self, exn: BaseException) -> bool:
+        """Reading by index, after ``exn`` and the samples before it: whether every wanted
+        sample is in and the error lies past the last of them. The index scan met this error
+        then (and its handler kept what the index holds, the open group included); it is not
+        reported again. An error inside a wanted sample (a shard cut after its index was
+        written) is reported."""
+        if not self.complete():
+            return False
+        if not isinstance(exn, FormatError):  # an inflate error once everything wanted is in
+            return True
+        return exn.args[1] >= self.pieces[self.piece].last_end
 
     def complete(self) -> bool:
         """True when the open piece has delivered every sample it wants."""
@@ -194,9 +223,12 @@ class _Pass:
             message, offset = exn.args
             if self.decompressor is not None:
                 message += f" (offset in the decompressed {self.decompressor.name} stream)"
-            return ShardFormatError(url, offset, message)
+            return ShardFormatError(url, offset, message, getattr(exn, "shard_only", False))
         offset = self.decompressor.consumed if self.decompressor is not None else None
-        return ShardFormatError(url, offset, f"corrupt compressed data: {exn}")
+        # EOFError: the compressed stream ends early (after the tar's end, as end_shard came
+        # first), which tarfile reads without complaint: webdataset goes on there.
+        return ShardFormatError(url, offset, f"corrupt compressed data: {exn}",
+                                isinstance(exn, EOFError))
 
     def finish(self) -> None:
         """Add this reader's figures to the stats (a pass may use several readers in turn:
@@ -301,8 +333,14 @@ def _run(state: _Pass, on_end: Optional[Callable[[ReadStats], None]]) -> Iterato
             except (FormatError, *DECOMPRESSION_ERRORS) as exn:
                 # Samples completed before the bad spot are good: deliver them first.
                 yield from state.salvage()
-                if not state.fail(state.format_error(exn)):
-                    return
+                group = state.open_group(exn)
+                if state.met_by_index(exn):
+                    yield from group
+                else:
+                    going = state.fail(state.format_error(exn))
+                    yield from group  # as webdataset: only a raising handler loses it
+                    if not going:
+                        return
                 if not last:
                     state.reader.skip_extent()
                 state.open = False
@@ -358,6 +396,6 @@ def plan_read_arrays(shards: np.ndarray, offsets: np.ndarray, ends: np.ndarray,
         zipped = bool(packed[a])
         pieces.append(Piece(urls[shard], 0 if zipped else int(offsets[a]),
                             TO_END if zipped else int(ends[b - 1]),
-                            keep=frozenset(offsets[a:b].tolist())))
+                            keep=frozenset(offsets[a:b].tolist()), last_end=int(ends[b - 1])))
         owners.append(shard)
     return pieces, owners
