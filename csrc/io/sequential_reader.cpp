@@ -16,6 +16,7 @@
 
 #include "common/aligned.hpp"
 #include "common/errors.hpp"
+#include "io/buffer_cache.hpp"
 #include "common/owner_process.hpp"
 #include "io/file.hpp"
 
@@ -74,7 +75,7 @@ struct Entry {
 
 struct SequentialReader::Impl {
   Impl(std::vector<Extent> extents, ReaderOptions options);
-  ~Impl() { close(); }
+  ~Impl();
 
   bool next(Chunk& out);
   void skip_extent();
@@ -190,8 +191,10 @@ void SequentialReader::Impl::issue(uint32_t k, int s) {
   Slot& sl = slots[s];
   const DioAlignment& a = x.file->alignment();
   const size_t mem_align = std::max<size_t>(4096, a.memory);
-  if (sl.buf.size() < x.chunk || reinterpret_cast<uintptr_t>(sl.buf.data()) % mem_align != 0)
-    sl.buf = AlignedBuffer(x.chunk, mem_align);  // first use, or a file with larger alignment
+  if (sl.buf.size() < x.chunk || reinterpret_cast<uintptr_t>(sl.buf.data()) % mem_align != 0) {
+    BufferCache::give(std::move(sl.buf));  // first use, or a file with larger alignment
+    sl.buf = BufferCache::take(x.chunk, mem_align);
+  }
   sl.extent = k;
   sl.offset = x.next;
   // The last request is rounded up to the alignment; O_DIRECT stops short at EOF.
@@ -428,6 +431,14 @@ void SequentialReader::Impl::drain() noexcept {
     for (Slot& sl : slots)
       if (sl.state == SlotState::kInFlight) (void)new AlignedBuffer(std::move(sl.buf));
   }
+}
+
+// Only here are the buffers given back: after close() a Python view of the last chunk may
+// still read its buffer, and it keeps the reader alive until it goes. Buffers drain() could
+// not wait for are gone from their slots by now (leaked).
+SequentialReader::Impl::~Impl() {
+  close();
+  for (Slot& sl : slots) BufferCache::give(std::move(sl.buf));
 }
 
 void SequentialReader::Impl::close() noexcept {

@@ -18,12 +18,14 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "common/aligned.hpp"
 #include "common/errors.hpp"
 #include "common/owner_process.hpp"
+#include "io/buffer_cache.hpp"
 #include "io/engine.hpp"
 #include "io/file.hpp"
 #include "io/sequential_reader.hpp"
@@ -529,6 +531,52 @@ TEST_CASE("reader: close() waits, keeps the buffers, and refuses further use") {
     CHECK(refused);
     CHECK(std::string(r.engine_name()) == kind);
   }
+}
+
+// A reader per epoch must not fault in and unmap a fresh buffer pool every time.
+TEST_CASE("buffer cache: a destroyed reader's buffers serve the next reader") {
+  Files fs;
+  const size_t chunk = 3 * 65536;  // a size no other test reads with: no stale entries
+  for (const auto& kind : engines()) {
+    std::set<const uint8_t*> first;
+    {
+      SequentialReader r({{fs.paths.back()}}, opts(kind, chunk, 4));
+      Chunk c;
+      while (r.next(c)) first.insert(c.data);
+    }
+    CHECK(first.size() == 5);  // depth + the chunk held: the file is 3 MiB and change
+    size_t reused = 0;
+    Bytes got;
+    SequentialReader r({{fs.paths.back()}}, opts(kind, chunk, 4));
+    Chunk c;
+    while (r.next(c)) {
+      reused += first.count(c.data);
+      got.insert(got.end(), c.data, c.data + c.size);
+    }
+    CHECK(reused == r.stats().requests);
+    CHECK(got == fs.data.back());
+  }
+}
+
+TEST_CASE("buffer cache: sizes and alignment match, bytes bounded, a fork() child starts empty") {
+  AlignedBuffer a = BufferCache::take(12288, 4096);
+  const uint8_t* where = a.data();
+  BufferCache::give(std::move(a));
+  CHECK(a.data() == nullptr);
+  AlignedBuffer other = BufferCache::take(8192, 4096);  // another size: a new buffer
+  CHECK(other.data() != where && other.size() == 8192);
+  AlignedBuffer same = BufferCache::take(12288, 4096);
+  CHECK(same.data() == where);
+  BufferCache::give(std::move(same));
+  const pid_t pid = fork();
+  if (pid == 0) _exit(BufferCache::bytes() == 0 ? 0 : 3);
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const size_t big = BufferCache::kMaxBytes / 2 + 4096;
+  for (int i = 0; i < 3; ++i) BufferCache::give(AlignedBuffer(big, 4096));
+  CHECK(BufferCache::bytes() <= BufferCache::kMaxBytes);
+  BufferCache::take(big, 4096);  // leave room for the other tests
+  BufferCache::give(AlignedBuffer());  // nothing to keep
 }
 
 // wait_ns tells a slow consumer (little waiting) from a slow drive (next() mostly blocked).
