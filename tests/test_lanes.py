@@ -133,7 +133,7 @@ def _reference_plan(refs, urls, compressed):
         if run is not None:
             shard, start, end, offsets, packed = run
             pieces.append(Piece(urls[shard], 0 if packed else start, TO_END if packed else end,
-                                keep=frozenset(offsets)))
+                                keep=frozenset(offsets), last_end=end))
             owners.append(shard)
 
     for shard, offset, end in refs:
