@@ -15,6 +15,11 @@ struct IoCompletion {
   int64_t result;  // bytes transferred (may be short; 0 at EOF) or -errno
 };
 
+struct BufferSpan {
+  void* data;
+  size_t size;
+};
+
 class IoEngine {
  public:
   virtual ~IoEngine() = default;
@@ -27,6 +32,23 @@ class IoEngine {
   // the completion is reaped.
   virtual void submit_write(int fd, const void* buf, size_t len, uint64_t offset,
                             uint64_t tag) = 0;
+  // Registers buffers that reads may then name by index (submit_read_fixed). io_uring pins
+  // their pages once here; a plain read pins, marks dirty and unpins every page of every
+  // request, most of the kernel's CPU per byte read. At most once per engine, with no request
+  // in flight into a buffer being registered from elsewhere. False when the engine has no such
+  // thing or the kernel refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK, an old kernel): plain
+  // reads then go on as before.
+  virtual bool register_buffers(const BufferSpan* buffers, size_t count) {
+    (void)buffers;
+    (void)count;
+    return false;
+  }
+  // submit_read into registered buffer `index`; [buf, buf + len) lies inside it.
+  virtual void submit_read_fixed(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag,
+                                 unsigned index) {
+    (void)index;
+    submit_read(fd, buf, len, offset, tag);
+  }
   // Collect up to `max` completions; blocks until at least `min_wait` are available
   // (min_wait <= outstanding). Returns the number written to `out`.
   virtual size_t reap(IoCompletion* out, size_t max, size_t min_wait) = 0;

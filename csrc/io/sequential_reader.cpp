@@ -47,6 +47,7 @@ struct Slot {
   bool direct = false;  // last submitted on an O_DIRECT fd
   bool first = false;   // first request of its extent
   bool eof = false;     // the file ended before the expected end (it shrank)
+  int fixed = -1;       // index of buf among the engine's registered buffers, or -1
   Clock::time_point submitted;  // of the request in flight, for the latency histogram
   std::exception_ptr error;
 };
@@ -82,6 +83,7 @@ struct SequentialReader::Impl {
 
   void fill();
   void open_extent(uint32_t k);
+  void give_buffer(Slot& sl, size_t size, size_t alignment);
   void issue(uint32_t k, int s);
   void submit(int s);
   int free_slot() const;
@@ -111,6 +113,8 @@ struct SequentialReader::Impl {
   const char* engine_name = "";  // kept after close()
   std::vector<ExtentState> ext;
   std::vector<Slot> slots;
+  size_t slots_with_buffers = 0;
+  bool registration_tried = false;
   std::deque<Entry> queue;  // issued requests and markers, in delivery order
   uint32_t issue_ext = 0;   // the extent the issuer is working on
   unsigned in_flight = 0;
@@ -191,10 +195,8 @@ void SequentialReader::Impl::issue(uint32_t k, int s) {
   Slot& sl = slots[s];
   const DioAlignment& a = x.file->alignment();
   const size_t mem_align = std::max<size_t>(4096, a.memory);
-  if (sl.buf.size() < x.chunk || reinterpret_cast<uintptr_t>(sl.buf.data()) % mem_align != 0) {
-    BufferCache::give(std::move(sl.buf));  // first use, or a file with larger alignment
-    sl.buf = BufferCache::take(x.chunk, mem_align);
-  }
+  if (sl.buf.size() < x.chunk || reinterpret_cast<uintptr_t>(sl.buf.data()) % mem_align != 0)
+    give_buffer(sl, x.chunk, mem_align);  // first use, or a file with larger alignment
   sl.extent = k;
   sl.offset = x.next;
   // The last request is rounded up to the alignment; O_DIRECT stops short at EOF.
@@ -210,13 +212,36 @@ void SequentialReader::Impl::issue(uint32_t k, int s) {
   queue.push_back({k, s});
 }
 
+// Once every slot has a buffer (a reader that goes on past its first depth + 1 requests), the
+// buffers are registered with the engine, which then need not pin each page of each request.
+// A buffer replaced later (a file with a larger alignment) reads unregistered.
+void SequentialReader::Impl::give_buffer(Slot& sl, size_t size, size_t alignment) {
+  slots_with_buffers -= sl.buf.data() != nullptr;
+  BufferCache::give(std::move(sl.buf));
+  sl.buf = BufferCache::take(size, alignment);
+  sl.fixed = -1;
+  if (++slots_with_buffers < slots.size() || registration_tried) return;
+  registration_tried = true;
+  std::vector<BufferSpan> spans;
+  for (const Slot& each : slots) spans.push_back({each.buf.data(), each.buf.size()});
+  if (!engine->register_buffers(spans.data(), spans.size())) return;
+  for (size_t i = 0; i < slots.size(); ++i) slots[i].fixed = static_cast<int>(i);
+}
+
 // (Re)submits the unfilled rest of slot s. Throws only if the engine refuses the request.
 void SequentialReader::Impl::submit(int s) {
   Slot& sl = slots[s];
   ExtentState& x = ext[sl.extent];
   sl.submitted = Clock::now();  // before: io_uring may issue the read inside the syscall
-  engine->submit_read(x.file->fd(), sl.buf.data() + sl.filled, sl.len - sl.filled,
-                      sl.offset + sl.filled, static_cast<uint64_t>(s));
+  if (sl.fixed >= 0) {
+    engine->submit_read_fixed(x.file->fd(), sl.buf.data() + sl.filled, sl.len - sl.filled,
+                              sl.offset + sl.filled, static_cast<uint64_t>(s),
+                              static_cast<unsigned>(sl.fixed));
+    ++stats.registered_requests;
+  } else {
+    engine->submit_read(x.file->fd(), sl.buf.data() + sl.filled, sl.len - sl.filled,
+                        sl.offset + sl.filled, static_cast<uint64_t>(s));
+  }
   sl.direct = x.file->direct();
   sl.state = SlotState::kInFlight;
   ++in_flight;

@@ -43,6 +43,7 @@ struct ReaderStats {
   uint64_t bytes_read = 0;      // bytes transferred from the files (including alignment over-read)
   uint64_t requests = 0;        // read requests completed
   uint64_t short_reads = 0;     // requests that had to be resubmitted for the remainder
+  uint64_t registered_requests = 0;  // submissions into buffers registered with the engine
   uint64_t direct_files = 0;    // files opened with O_DIRECT
   uint64_t buffered_files = 0;  // files that fell back to buffered reads
   // Total time next() spent blocked waiting for data. Small next to the caller's wall time:

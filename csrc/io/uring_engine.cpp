@@ -3,6 +3,7 @@
 #include <linux/io_uring.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +62,9 @@ constexpr unsigned kMaxRetries = 1000;
 
 // The kernel caps one read or write at MAX_RW_COUNT anyway; a shorter count is a legal short one.
 constexpr size_t kMaxIoLen = 0x7ffff000;
+// The kernel's bounds on registered buffers: their number, and each one's size.
+constexpr size_t kMaxRegistered = 1 << 14;
+constexpr size_t kMaxRegisteredSize = size_t(1) << 30;
 
 struct Fd {
   int fd = -1;
@@ -91,6 +95,12 @@ class UringEngine final : public IoEngine {
   void submit_read(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag) override {
     submit(IORING_OP_READ, fd, buf, len, offset, tag);
   }
+  bool register_buffers(const BufferSpan* buffers, size_t count) override;
+  void submit_read_fixed(int fd, void* buf, size_t len, uint64_t offset, uint64_t tag,
+                         unsigned index) override {
+    if (index >= registered_) throw std::invalid_argument("io_uring: no such registered buffer");
+    submit(IORING_OP_READ_FIXED, fd, buf, len, offset, tag, index);
+  }
   void submit_write(int fd, const void* buf, size_t len, uint64_t offset, uint64_t tag) override {
     // The kernel only reads from buf for a write; the cast just fits the shared Request.
     submit(IORING_OP_WRITE, fd, const_cast<void*>(buf), len, offset, tag);
@@ -101,16 +111,18 @@ class UringEngine final : public IoEngine {
 
  private:
   struct Request {
-    uint8_t opcode;  // IORING_OP_READ or IORING_OP_WRITE
+    uint8_t opcode;  // IORING_OP_READ, IORING_OP_READ_FIXED or IORING_OP_WRITE
     int fd;
     void* buf;
     size_t len;
     uint64_t offset;
     uint64_t tag;
     unsigned retries;
+    uint16_t buf_index;  // IORING_OP_READ_FIXED: the registered buffer
   };
 
-  void submit(uint8_t opcode, int fd, void* buf, size_t len, uint64_t offset, uint64_t tag);
+  void submit(uint8_t opcode, int fd, void* buf, size_t len, uint64_t offset, uint64_t tag,
+              uint16_t buf_index = 0);
   void push_sqe(uint32_t idx);
   unsigned unsubmitted() const { return sq_tail_local_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE); }
   void enter(unsigned min_complete, unsigned flags);
@@ -136,6 +148,8 @@ class UringEngine final : public IoEngine {
   io_uring_cqe* cqes_ = nullptr;
   std::vector<Request> reqs_;  // indexed by SQE user_data
   std::vector<uint32_t> free_;
+  unsigned registered_ = 0;  // buffers registered
+  bool register_tried_ = false;
 };
 
 UringEngine::UringEngine(unsigned depth, bool single_thread)
@@ -197,6 +211,7 @@ void UringEngine::push_sqe(uint32_t idx) {
   sqe->addr = reinterpret_cast<uintptr_t>(r.buf);
   sqe->len = static_cast<uint32_t>(r.len);
   sqe->off = r.offset;
+  sqe->buf_index = r.buf_index;
   sqe->user_data = idx;
   ++sq_tail_local_;
   // Release: the kernel must see the SQE contents before it sees the new tail.
@@ -234,11 +249,29 @@ void UringEngine::try_flush() noexcept {
   }
 }
 
+bool UringEngine::register_buffers(const BufferSpan* buffers, size_t count) {
+  if (register_tried_ || count == 0 || count > kMaxRegistered) return false;
+  register_tried_ = true;
+  std::vector<iovec> iov(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (buffers[i].data == nullptr || buffers[i].size == 0 || buffers[i].size > kMaxRegisteredSize)
+      return false;
+    iov[i] = {buffers[i].data, buffers[i].size};
+  }
+  // Refusals (ENOMEM past RLIMIT_MEMLOCK, EINVAL, EOPNOTSUPP, EINTR while an old kernel
+  // quiesced the ring, ...) all mean: read as before.
+  if (sys_register(ring_.fd, IORING_REGISTER_BUFFERS, iov.data(),
+                   static_cast<unsigned>(count)) < 0)
+    return false;
+  registered_ = static_cast<unsigned>(count);
+  return true;
+}
+
 void UringEngine::submit(uint8_t opcode, int fd, void* buf, size_t len, uint64_t offset,
-                         uint64_t tag) {
+                         uint64_t tag, uint16_t buf_index) {
   if (free_.empty()) throw std::logic_error("io_uring engine: more requests than depth");
   uint32_t idx = free_.back();
-  reqs_[idx] = Request{opcode, fd, buf, std::min(len, kMaxIoLen), offset, tag, 0};
+  reqs_[idx] = Request{opcode, fd, buf, std::min(len, kMaxIoLen), offset, tag, 0, buf_index};
   push_sqe(idx);
   free_.pop_back();
   try {

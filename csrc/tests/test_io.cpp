@@ -579,6 +579,30 @@ TEST_CASE("buffer cache: sizes and alignment match, bytes bounded, a fork() chil
   BufferCache::give(AlignedBuffer());  // nothing to keep
 }
 
+// io_uring pins registered buffers once instead of every page of every request. Registration
+// needs every slot's buffer, so it starts with the (depth + 1)th request.
+TEST_CASE("reader: io_uring reads into registered buffers once every slot has one") {
+  if (!uring_available()) return;
+  Files fs;
+  const Bytes& want = fs.data.back();  // 3 MiB and change
+  for (unsigned depth : {1u, 4u, 16u}) {
+    SequentialReader r({{fs.paths.back()}, {fs.paths[3]}, {fs.paths.back(), 5, 70000}},
+                       opts("uring", 65536, depth));
+    std::vector<Bytes> got(3);
+    Chunk c;
+    while (r.next(c)) got[c.extent].insert(got[c.extent].end(), c.data, c.data + c.size);
+    CHECK(got[0] == want && got[1] == fs.data[3] && got[2] == slice(want, 5, 70000));
+    const ReaderStats& s = r.stats();
+    CHECK(s.registered_requests > 0);
+    CHECK(s.requests - s.registered_requests == depth);  // before the last slot's first
+  }
+  // A reader that never uses every slot registers nothing.
+  SequentialReader small({{fs.paths[3]}}, opts("uring", 65536, 8));
+  Chunk c;
+  while (small.next(c)) {}
+  CHECK(small.stats().registered_requests == 0);
+}
+
 // wait_ns tells a slow consumer (little waiting) from a slow drive (next() mostly blocked).
 TEST_CASE("reader: latency histogram per request and time spent waiting") {
   Files fs;
