@@ -185,7 +185,7 @@ class _Pass:
     def open_group(self, exn: BaseException) -> List[Record]:
         """After the scanner failed with ``exn``: the group of members it was assembling
         (webdataset's current sample, yielded after the cut unless the handler raises), as
-        this piece's records if wanted. None after a compressed stream failed to inflate:
+        this piece's records if wanted. Nothing after a compressed stream failed to inflate:
         where that falls in the tar stream depends on how the reads cut it, not on the
         shard."""
         if not isinstance(exn, FormatError) or not self.scanner.flush_open_group():
