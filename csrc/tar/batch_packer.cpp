@@ -4,6 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/stream_copy.hpp"
+
 namespace flashstream {
 
 BatchPacker::BatchPacker(uint8_t* memory, uint64_t capacity, uint64_t base,
@@ -49,10 +51,12 @@ BatchPacker::Status BatchPacker::add(const Sample& sample) {
     if (field.size > region_bytes_ - f.bytes)
       throw std::length_error("batch field '" + field.ext + "' overflows its region of " +
                               std::to_string(region_bytes_) + " bytes");
-    if (field.size) std::memcpy(memory_ + f.region + f.bytes, field.data, field.size);
+    // The batch is read next by the training loop, in another process: stream it past the cache.
+    copy_streaming(memory_ + f.region + f.bytes, field.data, field.size);
     f.bytes += field.size;
     f.lengths.push_back(static_cast<int64_t>(field.size));
   }
+  stream_fence();
   keys_.push_back(sample.key);
   offsets_.push_back(sample.offset);
   for (PackedField& f : fields_)  // absent fields of this sample

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stream_copy.hpp"
 #include "tar/batch_packer.hpp"
 #include "tests/check.hpp"
 
@@ -117,6 +118,22 @@ TEST_CASE("empty payloads and zero-sized regions") {
   BatchPacker p(memory.data(), memory.size(), 16, 0, {});
   CHECK(p.add(make_sample("k", 0, {{"a", ""}, {"b", ""}})) == BatchPacker::Status::kOk);
   CHECK(p.fields().size() == 2 && p.fields()[1].bytes == 0);
+}
+
+TEST_CASE("streaming copies equal memcpy at every size edge and alignment") {
+  std::vector<uint8_t> src(200000 + 128), dst(200000 + 128), want;
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t n : {size_t(0), size_t(1), size_t(63), size_t(64), size_t(65), size_t(4095),
+                   size_t(4096), size_t(4097), size_t(100000), size_t(200000)})
+    for (size_t d : {0, 1, 17, 63})
+      for (size_t s : {0, 5, 64}) {
+        std::fill(dst.begin(), dst.end(), 0xAB);
+        want = dst;
+        std::memcpy(want.data() + d, src.data() + s, n);
+        copy_streaming(dst.data() + d, src.data() + s, n);
+        stream_fence();
+        CHECK(dst == want);  // and nothing written outside [d, d + n)
+      }
 }
 
 int main() { return fstest::run_all(); }
