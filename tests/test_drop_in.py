@@ -303,3 +303,104 @@ def test_a_state_saved_through_one_slice_does_not_load_into_another(shards):
     make(9).load_state_dict(state)
     with pytest.raises(ValueError):
         make(10).load_state_dict(state)
+
+
+def _not_json(name):
+    return not name.endswith(".json")
+
+
+def test_len_of_a_sliced_pipeline_is_not_claimed(shards):
+    sliced = fs.ShardStream(shards).to_tuple("__key__").slice(5)
+    with pytest.raises(TypeError, match="slice"):
+        len(sliced)
+
+
+@pytest.mark.parametrize("index", [False, "auto"])
+def test_dropping_a_pipeline_frees_its_stages_at_once(shards, index):
+    import gc
+    import weakref
+
+    from webdataset.utils import PipelineStage
+
+    class Holder(PipelineStage):
+        def run(self, src):
+            yield from src
+
+    holder = Holder()
+    alive = weakref.ref(holder)
+    pipeline = fs.ShardStream(shards, index=index).compose(holder)
+    del holder
+    gc.disable()
+    try:
+        assert len(list(pipeline)) == 26
+        del pipeline
+        assert alive() is None  # by reference counting, without the collector
+    finally:
+        gc.enable()
+
+
+def test_select_files_pickles_for_spawned_workers(shards):
+    import pickle
+
+    for dataset in (fs.WebDataset(shards, shardshuffle=False, select_files=_not_json),
+                    fs.DataPipeline(wds.SimpleShardList(shards),
+                                    wds.tarfile_to_samples(select_files=_not_json))):
+        assert list(pickle.loads(pickle.dumps(dataset))) == list(dataset)
+
+
+def test_empty_check_counts_samples_read_not_items_left(shards):
+    def make(m):
+        return m.WebDataset(shards, shardshuffle=False).slice(100, 200)
+
+    ours, theirs = _both(make)
+    assert list(ours) == list(theirs) == []
+    assert list(fs.WebDataset(shards, shardshuffle=False).select(lambda s: False)) == []
+    # A stage that never reads its source: webdataset's check never runs, nor does ours.
+    assert list(fs.WebDataset(shards, shardshuffle=False).compose(lambda src: iter(()))) == []
+
+
+def test_a_seeded_shuffle_stage_after_batching_keeps_its_seed(shards):
+    def make(m):
+        return m.DataPipeline(wds.SimpleShardList(shards), wds.tarfile_to_samples(),
+                              wds.to_tuple("__key__"), wds.batched(3),
+                              wds.shuffle(5, seed=7))
+
+    ours, theirs = _both(make)
+    assert _items(ours) == _items(make(fs)) == _items(theirs)
+
+
+def test_worker_split_before_node_split_runs_as_webdataset(shards):
+    dataset = fs.DataPipeline(wds.SimpleShardList(shards), wds.split_by_worker,
+                              wds.split_by_node, wds.tarfile_to_samples())
+    assert not dataset.explain().accelerated and "comes before" in str(dataset.explain())
+
+
+def test_append_and_stage_as_webdataset_has_them(shards):
+    def make(m):
+        dataset = m.DataPipeline(wds.SimpleShardList(shards), wds.tarfile_to_samples())
+        dataset.append(wds.to_tuple("__key__"))
+        return dataset
+
+    ours, theirs = _both(make)
+    assert _items(ours) == _items(theirs)
+    with pytest.raises(TypeError, match="explain"):
+        ours.stage(0)
+
+
+def test_set_epoch_reaches_webdatasets_own_epoch_counting_stages(shards):
+    urls = [f"pipe:cat {u}" for u in shards]
+    loader = fs.WebLoader(fs.WebDataset(urls, shardshuffle=10, detshuffle=True, seed=3),
+                          batch_size=None)
+    firsts = []
+    for epoch in (4, 4, 5):
+        loader.set_epoch(epoch)
+        firsts.append([s["__key__"] for s in loader])
+    assert firsts[0] == firsts[1] != firsts[2]
+
+
+def test_repeat_once_ignores_nbatches_as_webdataset(shards):
+    def make(m):
+        return m.WebDataset(shards, shardshuffle=False).to_tuple("__key__").repeat(1, 2)
+
+    ours, theirs = _both(make)
+    assert _items(ours) == _items(theirs) and len(_items(ours)) == 26

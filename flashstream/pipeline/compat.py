@@ -3,8 +3,10 @@
 ``flashstream.WebDataset(urls, **webdataset_kwargs)`` takes every argument of
 ``webdataset.WebDataset`` and yields the same samples for any number of DataLoader workers
 (shards are split by rank and worker as webdataset splits them), read by flashstream's engine;
-the fluid methods and ``with_epoch`` work as in webdataset, and everything resumes exactly.
-docs/migrating.md lists each argument and method with what flashstream does with it.
+the fluid methods and ``with_epoch`` work as in webdataset, and resume exactly (all but
+opaque stages, which resume as if they held nothing). What the engine cannot read runs as
+webdataset's own (flashstream/pipeline/fallback.py). docs/migrating.md lists each argument and
+method with what flashstream does with it.
 """
 
 from __future__ import annotations
@@ -112,23 +114,25 @@ def _shard_shuffle(shardshuffle: Any, resampled: bool) -> bool:
     return shardshuffle > 0
 
 
-def _selected(select_files: Callable[[str], bool]) -> Callable[[Dict], Optional[Dict]]:
+class _Selected:
     """webdataset's select_files on a grouped sample: keep the fields whose member name
-    (``key.ext``, the extension lowercased) it selects; a sample left empty is dropped."""
+    (``key.ext``, the extension lowercased) it selects; a sample left empty is dropped. A
+    class, not a closure, so spawned DataLoader workers can unpickle it."""
 
-    def keep(sample: Dict) -> Optional[Dict]:
+    def __init__(self, select_files: Callable[[str], bool]) -> None:
+        self.select_files = select_files
+
+    def __call__(self, sample: Dict) -> Optional[Dict]:
         key = sample["__key__"]
         out = {k: v for k, v in sample.items()
-               if k.startswith("__") or select_files(f"{key}.{k}")}
+               if k.startswith("__") or self.select_files(f"{key}.{k}")}
         return out if any(not k.startswith("__") for k in out) else None
-
-    return keep
 
 
 def _select_stage(select_files: Any) -> Tuple[Each, ...]:
     if select_files is None:
         return ()
-    return (Each(wf.map(_selected(select_files)), "select_files", drops=True),)
+    return (Each(wf.map(_Selected(select_files)), "select_files", drops=True),)
 
 
 class WebDataset(Pipeline):
@@ -189,12 +193,6 @@ class WebDataset(Pipeline):
         stream.single_node = nodesplitter is ws.single_node_only
         super().__init__(stream, _select_stage(select_files), empty_check=empty_check,
                          origin=("WebDataset",))
-
-    def __enter__(self) -> WebDataset:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 #: webdataset.WebDataset's own parameters (what the fallback passes on to it).
@@ -263,7 +261,7 @@ class WebLoader(wds.DataPipeline, wds.FluidInterface):
         self._last_epoch: Optional[int] = None  # the epoch the last pass used
 
     def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
+        self.dataset.set_epoch(epoch)  # webdataset's own datasets too (see fallback.py)
 
     def __iter__(self) -> Iterator[Any]:
         epoch = getattr(self.dataset, "epoch", None)

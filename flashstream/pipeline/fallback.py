@@ -22,6 +22,14 @@ __all__ = ["WebdatasetDataset", "WebdatasetPipeline"]
 _SOURCE = "webdataset's own code reads the data (no O_DIRECT, no exact resume)"
 
 
+def _set_epoch(stages: Sequence[Any], epoch: int) -> None:
+    """Point webdataset's epoch-counting stages (``detshuffle``, ``ResampledShards``, which
+    add one to their ``epoch`` as each pass starts) at ``epoch`` for the next pass."""
+    for stage in stages:
+        if isinstance(getattr(stage, "epoch", None), int):
+            stage.epoch = epoch - 1
+
+
 def _stage_names(stages: Sequence[Any]) -> tuple:
     names = []
     for stage in stages:
@@ -45,6 +53,11 @@ class WebdatasetPipeline(wds.DataPipeline, wc.FluidInterface):
         return Explanation(False, _SOURCE, _stage_names(self.pipeline),
                            (self.fallback_reason,))
 
+    def set_epoch(self, epoch: int) -> None:
+        """As flashstream's pipelines: the next pass is ``epoch`` for webdataset's stages that
+        count epochs (``detshuffle``, ``ResampledShards``); others have no epoch."""
+        _set_epoch(self.pipeline, epoch)
+
 
 class WebdatasetDataset(wds.WebDataset):
     """``webdataset.WebDataset(urls, **kw)`` itself, with :meth:`explain`; built by
@@ -66,3 +79,7 @@ class WebdatasetDataset(wds.WebDataset):
             notes.append(f"flashstream settings not used by webdataset's reader: "
                          f"{', '.join(self.ignored_settings)}")
         return Explanation(False, _SOURCE, _stage_names(self.pipeline), tuple(notes))
+
+    def set_epoch(self, epoch: int) -> None:
+        """As :meth:`WebdatasetPipeline.set_epoch`."""
+        _set_epoch(self.pipeline, epoch)

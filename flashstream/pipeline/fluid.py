@@ -34,7 +34,7 @@ class FluidInterface:
     def _compose(self, *stages: Any) -> Any:
         raise NotImplementedError
 
-    def _shuffled(self, size: int, **kw: Any) -> Any:
+    def _shuffled(self, size: int, original: Any = None, **kw: Any) -> Any:
         raise NotImplementedError
 
     def _epoch(self, *, items: Optional[int], repetitions: int) -> Any:
@@ -48,8 +48,9 @@ class FluidInterface:
         out = self
         for stage in stages:
             translated = from_webdataset(stage)
-            if isinstance(translated, tuple):  # ("shuffle", bufsize)
-                out = out.shuffle(translated[1])
+            if isinstance(translated, tuple):  # ("shuffle", bufsize, stage)
+                _, size, original = translated
+                out = out if size < 1 else out._shuffled(size, original)
             else:
                 out = out._compose(translated)
         return out
@@ -160,6 +161,9 @@ class FluidInterface:
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Any:
         """``nepochs`` passes over the data per epoch (each ordered anew); ``nepochs <= 0``:
-        endless. ``nbatches > 0`` cuts the epoch at that many items."""
+        endless. ``nbatches > 0`` cuts the epoch at that many items (as webdataset, not with
+        ``nepochs == 1``)."""
         repetitions = nepochs if nepochs > 0 else sys.maxsize
+        if repetitions == 1:  # webdataset cuts at nbatches only when it repeats
+            nbatches = -1
         return self._epoch(items=nbatches if nbatches > 0 else None, repetitions=repetitions)

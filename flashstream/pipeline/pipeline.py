@@ -118,11 +118,26 @@ class Pipeline(FluidInterface, IterableDataset):
     def _compose(self, *stages: Stage) -> Pipeline:
         return self._replace(stages=self.stages + stages)
 
-    def _shuffled(self, size: int, **kw: Any) -> Pipeline:
+    def append(self, stage: Any) -> None:
+        """webdataset's ``append``: add a stage to this pipeline itself (``compose`` returns a
+        new one)."""
+        self.__dict__.update(self.compose(stage).__dict__)
+
+    def stage(self, i: int) -> Any:
+        """webdataset's ``stage(i)`` indexes its internal stage list (shard list, splitters,
+        url opener, tar expander, ...), which a flashstream pipeline does not have."""
+        raise TypeError("a flashstream pipeline has no webdataset stage list to index: its "
+                        "shard list, splitters and tar expansion are one stream (see "
+                        "explain()); its stages are in .stages")
+
+    def _shuffled(self, size: int, original: Any = None, **kw: Any) -> Pipeline:
         if any(not isinstance(s, Each) for s in self.stages) or self.tensor_spec is not None:
             # After batching (or an opaque stage) the items are no longer the stream's
-            # samples: webdataset's own buffer shuffles them, as in webdataset.
-            return self._compose(Opaque(wf.shuffle(size, **kw), "shuffle"))
+            # samples: webdataset's own shuffle (the stage given, seed and all) shuffles them.
+            if original is None:
+                original = wf.shuffle(size, **kw)
+            run = original.run if isinstance(original, PipelineStage) else original
+            return self._compose(Opaque(run, "shuffle"))
         return self._replace(stream=self.source.derive(shuffle_buffer=size))
 
     def _epoch(self, *, items: Optional[int], repetitions: int) -> Pipeline:
@@ -278,6 +293,8 @@ class Pipeline(FluidInterface, IterableDataset):
                 return f"{stage.name}() drops items"
             if isinstance(stage, Opaque):
                 return f"{stage.name} may change the count"
+            if isinstance(stage, Slice):
+                return "slice() cuts each DataLoader worker's items"
             if isinstance(stage, Batch):
                 return "batched() after a stage that may change the count"
         return ""

@@ -5,7 +5,7 @@ their members into samples::
 
     wds.DataPipeline(wds.SimpleShardList(urls) | wds.ResampledShards(urls),
                      [wds.split_by_node | wds.single_node_only], [wds.split_by_worker],
-                     [wds.shuffle(n) | wds.detshuffle(n)],          # of shards
+                     [wds.shuffle(n) | wds.detshuffle(n)],   # of shards, anywhere in the block
                      wds.tarfile_to_samples(handler=..., select_files=...) | wds.tarfile_samples,
                      stages...)
 
@@ -135,6 +135,9 @@ def recognise(stages: Sequence[Any]) -> Union[ShardBlock, str]:
                     f"and a shard shuffle there")
         if flags[key]:
             return f"{key} appears twice in the shard block"
+        if key in ("split_by_node", "single_node_only") and flags["split_by_worker"]:
+            return (f"split_by_worker comes before {key}: flashstream splits shards by rank "
+                    f"first, then by worker, so it would give each rank other shards")
         flags[key] = True
         names.append(_name(stage))
     return "no tarfile_to_samples stage turns the shard list into samples"

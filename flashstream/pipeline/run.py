@@ -116,6 +116,7 @@ class Run:
         self._mark: Optional[Dict[str, Any]] = dict(entry) if self._replay else None
         self._since = 0  # outputs since the clean point
         self._held = 0  # items held by stages right now
+        self._read = 0  # samples the source gave (counted for the empty check)
         self._ended = False
         slices = sum(isinstance(s, Slice) for s in compiled.after)
         # Items each slice stage has seen this epoch, part of the position.
@@ -231,7 +232,16 @@ class Run:
         """The source's samples; with ``repeats``, the following repetitions of the epoch."""
         source = self.source
         while True:
-            yield from source.generate()
+            if self.empty_check:  # webdataset checks the samples, before any stage
+                for sample in source.generate():
+                    self._read += 1
+                    yield sample
+                if not self._read:  # as webdataset's check: once the source ran dry
+                    raise ValueError("No samples found in dataset; perhaps you have fewer "
+                                     "shards than workers.\nTurn off using empty_check=False "
+                                     "in the WebDataset constructor.")
+            else:
+                yield from source.generate()
             if self.repeat + 1 >= self.repeats or self.next_pass is None:
                 return
             self.repeat += 1
@@ -261,10 +271,8 @@ class Run:
             self._ended = True
             return
         items = self._chain()
-        made = 0
         try:
             for item in items:
-                made += 1
                 self._output()
                 if self._replay:
                     self._replay -= 1
@@ -275,10 +283,6 @@ class Run:
                     break
             else:
                 self._ended = True
-                if self.empty_check and not made:
-                    raise ValueError("No samples found in dataset; perhaps you have fewer "
-                                     "shards than workers.\nTurn off using empty_check=False "
-                                     "in the WebDataset constructor.")
         finally:
             close = getattr(items, "close", None)
             if close is not None:

@@ -34,7 +34,7 @@ class ShardStream(FluidInterface, ShardSource):
     def _compose(self, *stages: Any) -> Pipeline:
         return Pipeline(self, stages)
 
-    def _shuffled(self, size: int, **kw: Any) -> ShardStream:
+    def _shuffled(self, size: int, original: Any = None, **kw: Any) -> ShardStream:
         return self.derive(shuffle_buffer=size)
 
     def _epoch(self, *, items: Optional[int], repetitions: int) -> Pipeline:

@@ -128,9 +128,10 @@ _EACH = {getattr(wf, f): v for f, v in _EACH_NAMES.items() if hasattr(wf, f)}
 def from_webdataset(stage: Any) -> Union[Stage, tuple]:
     """Our description of a webdataset stage (a curried filter such as ``wds.map(f)``, a
     ``wds.detshuffle``), or of any other iterator function (an :class:`Opaque` stage).
-    A shuffle comes back as ``("shuffle", bufsize)``."""
+    A shuffle comes back as ``("shuffle", bufsize, the stage)``: the stream's buffer where it
+    can be, else the stage itself."""
     if isinstance(stage, wf.detshuffle):
-        return ("shuffle", stage.bufsize)
+        return ("shuffle", stage.bufsize, stage)
     if isinstance(stage, PipelineStage):  # webdataset calls its run(source)
         return Opaque(stage.run, type(stage).__name__)
     if not isinstance(stage, wf.FilterFunction):
@@ -155,7 +156,7 @@ def from_webdataset(stage: Any) -> Union[Stage, tuple]:
         return unbatch_stage("unlisted")
     if f is wf._shuffle:
         bound = dict(zip(("bufsize", "initial"), args), **kw)
-        return ("shuffle", bound.get("bufsize", 1000))
+        return ("shuffle", bound.get("bufsize", 1000), stage)
     if f is itertools.islice and not kw:
         return Slice.of(*args)
     return Opaque(stage, getattr(f, "__name__", repr(f)))

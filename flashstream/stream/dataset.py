@@ -128,6 +128,20 @@ def _record(board: StatsBoard, slot: int, generation: int, stats: ReadStats) -> 
     board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts, generation)
 
 
+def _plan_of(cache: Dict[tuple, RankPlan], index: List[ShardIndex], config: _StreamConfig,
+             epoch: int, world: World, repeat: int = 0) -> RankPlan:
+    """The rank's plan of ``epoch`` (or of a pipeline's repetition of it), kept in ``cache``."""
+    key = (epoch, repeat, world.world_size, world.rank)
+    if key not in cache:
+        if len(cache) > 4:  # an epoch's plan, and the repetitions in flight
+            cache.clear()
+        order = shard_order(len(index), shuffle=config.shard_shuffle, seed=config.seed,
+                            epoch=order_key(epoch, repeat))
+        cache[key] = rank_plan([ix.count for ix in index], order, world_size=world.world_size,
+                               rank=world.rank, equal=config.equal_ranks)
+    return cache[key]
+
+
 class ShardSource(IterableDataset):
     """Samples of WebDataset tar shards, read with aligned O_DIRECT requests kept in flight.
 
@@ -372,16 +386,7 @@ class ShardSource(IterableDataset):
 
     def _rank_plan(self, world: World, repeat: int = 0) -> RankPlan:
         """The rank's plan of the current epoch (or of a pipeline's repetition of it)."""
-        key = (self.epoch, repeat, world.world_size, world.rank)
-        if key not in self._plans:
-            if len(self._plans) > 4:  # an epoch's plan, and the repetitions in flight
-                self._plans.clear()
-            order = shard_order(len(self.urls), shuffle=self.config.shard_shuffle,
-                                seed=self.config.seed, epoch=order_key(self.epoch, repeat))
-            self._plans[key] = rank_plan([ix.count for ix in self.index], order,
-                                         world_size=world.world_size, rank=world.rank,
-                                         equal=self.config.equal_ranks)
-        return self._plans[key]
+        return _plan_of(self._plans, self.index, self.config, self.epoch, world, repeat)
 
     def __len__(self) -> int:
         """Samples this rank delivers in the current epoch (all workers together); exact, and
@@ -444,7 +449,9 @@ class ShardSource(IterableDataset):
                                 epoch=ctx.order)
             self._active = ShardPass(ctx, world.split(order), entry)
         else:
-            plans = functools.partial(self._rank_plan, world)
+            # Not a bound method: the pass (kept by this stream) must not keep the stream.
+            plans = functools.partial(_plan_of, self._plans, self.index, config, self.epoch,
+                                      world)
             total = plans(0).length if length is None else length
             done, cursor = Delivered(), 0
             if resume is not None:
