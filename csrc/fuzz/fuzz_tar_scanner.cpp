@@ -88,7 +88,10 @@ Outcome hop(const uint8_t* data, size_t size) {
     take_spans(scanner, &out);
   } catch (const FormatError& e) {
     take_spans(scanner, &out);
-    out.error = std::string(e.what()) + " @" + std::to_string(e.offset());
+    out.error = std::string(e.what()) + " @" + std::to_string(e.offset()) +
+                (e.shard_only() ? " shard_only" : "");
+    scanner.flush_open_group();  // the group open at the error, as the indexer keeps it
+    take_spans(scanner, &out);
   }
   return out;
 }
@@ -119,9 +122,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    static_cast<unsigned long long>(e.offset()),
                    static_cast<unsigned long long>(fed), e.what());
     fuzz::require(e.offset() <= fed + 512, "a FormatError offset past the input");
-    // Samples completed before the error are delivered (the reader's salvage).
+    // Samples completed before the error are delivered (the reader's salvage), then the
+    // group open at it (unless the handler raises).
     add_spans(scanner, &full);
-    full.error = std::string(e.what()) + " @" + std::to_string(e.offset());
+    full.error = std::string(e.what()) + " @" + std::to_string(e.offset()) +
+                 (e.shard_only() ? " shard_only" : "");
+    scanner.clear_samples();  // they may point into the piece freed as the error unwound
+    scanner.flush_open_group();
+    add_spans(scanner, &full);
+    consume(scanner, fed, &last_offset);  // the group owns its bytes
   }
   const Outcome hopped = hop(data, size);
   if (hopped.error != full.error)
