@@ -24,6 +24,7 @@
 #include "io/bulk_file.hpp"
 #include "io/engine.hpp"
 #include "io/pacing.hpp"
+#include "io/range_reader.hpp"
 #include "io/sequential_reader.hpp"
 #include "probe/probe.hpp"
 #include "snapshot/copy_ranges.hpp"
@@ -886,6 +887,65 @@ class PyCowSnapshot {
   std::unique_ptr<CowSnapshot> snap_;
 };
 
+// ---- scattered reads ----
+
+// A RangeFile driven from Python: read() converts the ranges, then releases the GIL while the
+// requests are in flight, so many threads read through one file at once (RangeFile is
+// thread-safe). The destination buffer's export is held for the call, so it cannot be closed
+// or resized underneath the reads.
+class PyRangeFile {
+ public:
+  PyRangeFile(nb::bytes path, bool direct) {
+    std::string p(path.c_str(), path.size());
+    nb::gil_scoped_release release;
+    file_ = std::make_unique<RangeFile>(p, direct);
+  }
+
+  // ranges: (file offset, length, buffer offset) triples flattened into one uint64 array.
+  nb::dict read(nb::handle buffer, U64Array ranges, const std::string& engine,
+                unsigned queue_depth, size_t request_size) {
+    const size_t n = ranges.shape(0);
+    if (n % 3) throw nb::value_error("ranges must be (offset, length, dest) triples");
+    BufferView view(buffer, /*writable=*/true);
+    std::vector<ReadRange> list(n / 3);
+    const uint64_t* v = ranges.data();
+    for (size_t i = 0; i < list.size(); ++i) list[i] = {v[3 * i], v[3 * i + 1], v[3 * i + 2]};
+    RangeOptions o;
+    o.engine = engine;
+    o.queue_depth = queue_depth;
+    o.request_size = request_size;
+    RangeStats s;
+    {
+      nb::gil_scoped_release release;
+      s = file_->read(view.writable_data(), view.size(), list, o);
+    }
+    nb::dict d;
+    d["bytes"] = s.bytes;
+    d["requests"] = s.requests;
+    d["seconds"] = s.seconds;
+    d["max_ns"] = s.max_ns;
+    d["sum_ns"] = s.sum_ns;
+    d["engine"] = s.engine;
+    d["direct"] = s.direct;
+    return d;
+  }
+
+  void close() {
+    nb::gil_scoped_release release;  // waits for reads in progress on other threads
+    file_->close();
+  }
+
+  bool direct() const { return file_->direct(); }
+  uint64_t size() const { return file_->size(); }
+  std::tuple<uint32_t, uint32_t> alignment() const {
+    return {file_->alignment().offset, file_->alignment().memory};
+  }
+  nb::bytes path() const { return nb::bytes(file_->path().data(), file_->path().size()); }
+
+ private:
+  std::unique_ptr<RangeFile> file_;
+};
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -1013,6 +1073,20 @@ NB_MODULE(_core, m) {
       .def_prop_ro("direct", &PyOutputFile::direct)
       .def_prop_ro("alignment", &PyOutputFile::alignment)
       .def_prop_ro("path", &PyOutputFile::path);
+
+  nb::class_<PyRangeFile>(m, "RangeFile",
+                         "One file opened for scattered reads into a caller's buffer.")
+      .def(nb::init<nb::bytes, bool>(), nb::arg("path"), nb::arg("direct"))
+      .def("read", &PyRangeFile::read, nb::arg("buffer"), nb::arg("ranges"), nb::arg("engine"),
+           nb::arg("queue_depth"), nb::arg("request_size"),
+           "Read each (offset, length, dest) range of the file into buffer[dest:dest+length], "
+           "all in flight together. Returns a dict (bytes, requests, seconds, max_ns, sum_ns, "
+           "engine, direct).")
+      .def("close", &PyRangeFile::close)
+      .def_prop_ro("direct", &PyRangeFile::direct)
+      .def_prop_ro("size", &PyRangeFile::size)
+      .def_prop_ro("alignment", &PyRangeFile::alignment)
+      .def_prop_ro("path", &PyRangeFile::path);
 
   m.def("read_file_into", &read_file_into_py, nb::arg("path"), nb::arg("data"),
         nb::arg("length"), nb::arg("chunk_size"), nb::arg("queue_depth"), nb::arg("engine"),

@@ -12,8 +12,11 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
+import numpy as np
+
 from . import _core
 from ._pyengine import Kernels, PythonOutputFile, PythonReader, python_read_into
+from ._pyranges import PythonRangeFile
 from .settings import ENGINES, IOSettings
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "FormatError",
     "OutputFile",
     "Pacer",
+    "RangeReader",
     "RateControl",
     "Scanner",
     "crc32c",
@@ -40,6 +44,7 @@ __all__ = [
     "index_shards",
     "is_meta_name",
     "open_output",
+    "open_ranges",
     "open_reader",
     "read_into",
     "run_probe",
@@ -225,6 +230,76 @@ def read_into(path: PathLike, buffer: Any, length: int, *, engine: str, chunk_si
                                 int(queue_depth), bool(direct))
     return _core.read_file_into(os.fsencode(path), buffer, int(length), int(chunk_size),
                                 int(queue_depth), engine, bool(direct))
+
+
+class RangeReader(Protocol):
+    """Scattered reads of one file (see csrc/io/range_reader.hpp for the contract).
+
+    ``read(buffer, ranges, *, queue_depth, request_size) -> dict`` reads each row
+    ``(file offset, length, buffer offset)`` of the ``(n, 3)`` uint64 array ``ranges`` into the
+    writable ``buffer``, every request in flight together (``queue_depth`` at a time, a range
+    cut into ``request_size`` requests). With O_DIRECT (``direct``) offsets and lengths are
+    multiples of ``alignment[0]`` and buffer addresses of ``alignment[1]``; a range may run
+    past the end of the file (``size``) only within its last alignment unit. Returns bytes,
+    requests, seconds, max_ns, sum_ns, engine and direct. Safe to call from many threads.
+    """
+
+    path: str
+    engine: str
+
+    @property
+    def direct(self) -> bool: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def alignment(self) -> Tuple[int, int]: ...
+    def read(self, buffer: Any, ranges: np.ndarray, *, queue_depth: int = 32,
+             request_size: int = 128 << 10) -> Dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class _NativeRangeFile:
+    """``RangeReader`` on the C++ core. A fork() child opens its own on first use (the
+    parent's engines are the parent's: see csrc/common/owner_process.hpp)."""
+
+    def __init__(self, path: PathLike, engine: str, direct: bool) -> None:
+        self.path = os.fsdecode(path)
+        self.engine = engine
+        self._want_direct = bool(direct)
+        self._file = _core.RangeFile(os.fsencode(path), self._want_direct)
+        self._pid = os.getpid()
+
+    def read(self, buffer: Any, ranges: np.ndarray, *, queue_depth: int = 32,
+             request_size: int = 128 << 10) -> Dict[str, Any]:
+        if self._pid != os.getpid():
+            self._file = _core.RangeFile(os.fsencode(self.path), self._want_direct)
+            self._pid = os.getpid()
+        flat = np.ascontiguousarray(ranges, dtype=np.uint64).reshape(-1)
+        return self._file.read(buffer, flat, self.engine, int(queue_depth), int(request_size))
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def direct(self) -> bool:
+        return self._file.direct
+
+    @property
+    def size(self) -> int:
+        return self._file.size
+
+    @property
+    def alignment(self) -> Tuple[int, int]:
+        return self._file.alignment
+
+
+def open_ranges(path: PathLike, *, engine: str, direct: bool) -> RangeReader:
+    """``path`` opened for scattered reads into caller memory (:class:`RangeReader`), with
+    O_DIRECT where the filesystem takes it and ``direct`` asks for it (``.direct`` says)."""
+    _check_engine(engine)
+    if engine == "python":
+        return PythonRangeFile(os.fspath(path), bool(direct))
+    return _NativeRangeFile(path, engine, direct)
 
 
 def uring_available() -> bool:
