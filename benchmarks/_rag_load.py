@@ -17,7 +17,7 @@ from flashstream import IndexReader
 
 def open_reader(path: Path, use_mmap: bool, knobs: Dict[str, int]) -> IndexReader:
     """An IndexReader with nprobe / ef_search set where the index type has them."""
-    reader = IndexReader(path, mmap=use_mmap)
+    reader = IndexReader(path, io="mmap", mmap=use_mmap)
     kind = reader.info()["kind"]
     if kind.startswith("IndexIVF"):
         reader.configure(nprobe=knobs["nprobe"])

@@ -94,7 +94,7 @@ def open_times(path: Path, rounds: int = 3) -> Dict[str, object]:
         for use_mmap, out in ((True, mmap_s), (False, ram_s)):
             cache.evict([path])
             start = time.perf_counter()
-            reader = IndexReader(path, mmap=use_mmap)
+            reader = IndexReader(path, io="mmap", mmap=use_mmap)
             out.append(time.perf_counter() - start)
             if use_mmap:
                 info = reader.info()

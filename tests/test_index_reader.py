@@ -60,7 +60,7 @@ def queries():
 @pytest.mark.parametrize("kind", KINDS)
 def test_mmap_and_ram_return_identical_results(indexes, queries, kind):
     nprobe = {"nprobe": 4} if kind.startswith("ivf") else {}
-    with IndexReader(indexes[kind], mmap=True, **nprobe) as mapped, \
+    with IndexReader(indexes[kind], io="mmap", **nprobe) as mapped, \
             IndexReader(indexes[kind], mmap=False, **nprobe) as loaded:
         info = mapped.info()
         assert info["io_flag"] in ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP")
@@ -121,7 +121,7 @@ def test_evict_makes_it_cold_and_searches_warm_it(indexes, queries):
         assert reader.residency() < 0.05
         reader.search(queries[:2], 5)
         assert reader.residency() > 0.9
-    with IndexReader(indexes["ivfflat"], nprobe=2) as reader:
+    with IndexReader(indexes["ivfflat"], io="mmap", nprobe=2) as reader:
         cold = reader.evict()
         assert cold < 0.05
         for q in queries[:8]:
@@ -236,7 +236,7 @@ def test_each_mapping_flag_serves_the_same_results(indexes, queries, kind):
     knobs = {"nprobe": 4} if kind.startswith("ivf") else {}
     with IndexReader(indexes[kind], mmap=False, **knobs) as loaded:
         expected = loaded.search(queries, 5)[1]
-    with IndexReader(indexes[kind], **knobs) as best:
+    with IndexReader(indexes[kind], io="mmap", **knobs) as best:
         flag = best.info()["io_flag"]
         assert flag == ("IO_FLAG_MMAP" if kind.startswith("ivf") else "IO_FLAG_MMAP_IFC")
         assert best.info()["mapped_bytes"] > 0
@@ -274,7 +274,7 @@ def _vm_flags(reader) -> set:
 def test_advice_sets_the_mappings_readahead(indexes, queries, kind, advice, expected):
     """FAISS maps with MADV_RANDOM; the reader sets the advice asked for (auto: by index type)
     and the kernel shows it in the mapping's VmFlags."""
-    with IndexReader(indexes[kind], advice=advice) as reader:
+    with IndexReader(indexes[kind], io="mmap", advice=advice) as reader:
         assert reader.info()["advice"] == (advice if advice != "auto" else
                                            "random" if kind == "hnsw" else "normal")
         assert _vm_flags(reader) & {"rr", "sr"} == expected

@@ -15,6 +15,8 @@ PACKAGE = Path(flashstream.__file__).resolve().parent
 #: package (dotted, under flashstream) -> what none of its modules may import.
 FORBIDDEN = {
     "stream": ("flashstream.pipeline", "flashstream.cli"),
+    "retrieval": ("flashstream.stream", "flashstream.pipeline", "flashstream.checkpoint",
+                  "flashstream.cli"),
 }
 
 

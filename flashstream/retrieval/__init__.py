@@ -1,4 +1,5 @@
-"""Serving FAISS indexes from the drive: a memory-mapped reader that times every search."""
+"""Serving FAISS indexes from the drive: IVF lists fetched by O_DIRECT into a list cache, or
+the file memory-mapped; every search timed."""
 
 from .kinds import SUPPORTED
 from .reader import IndexReader, write_index

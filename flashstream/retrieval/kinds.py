@@ -12,7 +12,7 @@ from typing import Dict
 
 from ..errors import IndexFormatError
 
-__all__ = ["SUPPORTED", "IndexKind", "kind_of"]
+__all__ = ["SUPPORTED", "IndexKind", "kind_of", "kind_of_tag"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,13 @@ _TAGS: Dict[bytes, IndexKind] = {
     b"IxFl": _FLAT,
     b"IwFl": IndexKind("IndexIVFFlat", ivf=True, hnsw=False),
     b"IwPQ": IndexKind("IndexIVFPQ", ivf=True, hnsw=False),
+    b"IwSq": IndexKind("IndexIVFScalarQuantizer", ivf=True, hnsw=False),
     b"IHNf": IndexKind("IndexHNSWFlat", ivf=False, hnsw=True),
 }
 
 #: The index types IndexReader serves.
 SUPPORTED = ("IndexFlat", "IndexFlatL2", "IndexFlatIP", "IndexIVFFlat", "IndexIVFPQ",
-             "IndexHNSWFlat")
+             "IndexIVFScalarQuantizer", "IndexHNSWFlat")
 
 
 def kind_of(path: str) -> IndexKind:
@@ -43,6 +44,11 @@ def kind_of(path: str) -> IndexKind:
     with open(path, "rb") as f:  # FileNotFoundError / PermissionError name the path
         tag = f.read(4)
         size = os.fstat(f.fileno()).st_size
+    return kind_of_tag(path, tag, size)
+
+
+def kind_of_tag(path: str, tag: bytes, size: int) -> IndexKind:
+    """The kind for the first bytes ``tag`` of the ``size``-byte file ``path`` (see kind_of)."""
     if len(tag) < 4:
         raise IndexFormatError(path, f"{size} bytes is too short for a FAISS index")
     kind = _TAGS.get(tag)

@@ -1,9 +1,8 @@
-"""IndexReader: a FAISS index served memory-mapped from the drive, with per-call latency.
+"""IndexReader: a FAISS index served from the drive, with per-call latency.
 
-FAISS maps the file itself, so opening costs milliseconds whatever the size and the page cache
-decides what is in memory: IVF indexes through ``IO_FLAG_MMAP`` (the inverted lists are mapped
-as they lie in the file), flat and HNSW indexes through ``IO_FLAG_MMAP_IFC`` (codes and graph
-point into the mapping). The mapping's readahead is then set for the index type (``advice``).
+How the file is served (``io``): IVF-Flat, IVF-PQ and IVF-SQ by fetching the lists each search
+probes with O_DIRECT reads into a DRAM list cache (``direct``, see direct.py), anything else
+memory-mapped by FAISS (``mmap``), or read into RAM (``mmap=False``); served.py opens it.
 Every ``search`` call is timed into a thread-safe C++ histogram (the same buckets as the
 loader's), and ``residency``/``evict`` show and control how much of the file is cached.
 """
@@ -15,34 +14,25 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .. import cache, engine
-from ..errors import IndexFormatError
+from .. import cache
+from .. import engine as _engine
+from ..sizes import Size
 from ..telemetry.histogram import LatencyHistogram
 from ..telemetry.read_latency import register_reader
-from .kinds import IndexKind, kind_of
-from .mapping import ADVICE, FileMapping, advise, drop_pages, mappings_of
+from .direct import DirectConfig
+from .mapping import ADVICE, drop_pages, mappings_of
+from .served import IO_MODES, MMAP_FLAGS, MmapSetting, Served, faiss_module
 
 __all__ = ["IndexReader", "write_index"]
 
 PathLike = Union[str, os.PathLike]
-MMAP_FLAGS = ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP")
-MmapSetting = Union[bool, str]
 ADVICE_SETTINGS = ("auto", *ADVICE)
 _METRICS = {0: "inner_product", 1: "l2", 2: "l1", 3: "linf"}  # faiss.MetricType values
 _thread = threading.local()
-
-
-def _faiss():
-    try:
-        import faiss
-    except ImportError as e:  # pragma: no cover - faiss is in the extras
-        raise ImportError("IndexReader needs FAISS: pip install faiss-cpu "
-                          "(or flashstream[retrieval])") from e
-    return faiss
 
 
 def _single_threaded(faiss) -> None:
@@ -55,107 +45,26 @@ def _single_threaded(faiss) -> None:
         _thread.faiss_single = True
 
 
-class _Served:
-    """One opened index file: the faiss object, the open file (its inode), how it was loaded."""
-
-    def __init__(self, path: str, mmap: MmapSetting, advice: str) -> None:
-        self.kind: IndexKind = kind_of(path)
-        faiss = _faiss()
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self.stat = os.fstat(self.fd)
-            before = set(mappings_of(self.stat))
-            if isinstance(mmap, str) and not hasattr(faiss, mmap):
-                raise ValueError(f"this FAISS ({faiss.__version__}) has no {mmap}; "
-                                 f"use mmap=True to pick what it has")
-            flags = [f for f in _flag_order(self.kind, mmap) if hasattr(faiss, f)]
-            self.io_flag: Optional[str] = None
-            self.mappings: List[FileMapping] = []
-            for name in flags or [None]:
-                flag = getattr(faiss, name) | faiss.IO_FLAG_READ_ONLY if name else 0
-                start = time.perf_counter()
-                # The descriptor's /proc path: the inode we hold, even if the name moves on.
-                self.index: Any = _read(faiss, path, f"/proc/self/fd/{self.fd}", flag)
-                self.open_s = time.perf_counter() - start
-                self.io_flag = name
-                self.mappings = [m for m in mappings_of(self.stat) if m not in before]
-                if self.mappings:
-                    break  # else this flag read it into RAM: try the next (or keep that)
-            self.advice: Optional[str] = None
-            if self.mappings:
-                self.advice = _resolve_advice(self.kind, advice)
-                advise(self.mappings, self.advice)
-            if self.io_flag == "IO_FLAG_MMAP" and self.kind.ivf:
-                _stop_list_prefetch(faiss, self.index)
-            self.d = int(self.index.d)
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    @property
-    def mapped_bytes(self) -> int:
-        return sum(m.length for m in self.mappings)
-
-    def close(self) -> None:
-        self.index = None  # FAISS unmaps when the index is freed (after in-flight searches)
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _flag_order(kind: IndexKind, mmap: MmapSetting) -> Tuple[str, ...]:
-    """The FAISS mapping flags to try, best first; () reads the index into RAM.
-
-    IVF: IO_FLAG_MMAP first. It maps the file and points each inverted list into it (0.5 ms for
-    a 1.4 GiB IVF-Flat). IO_FLAG_MMAP_IFC maps too, but first allocates and zeroes a heap
-    buffer the size of each list, only to swap it for the mapped view: 26-80 ms of memset for
-    that index, growing with the index. Flat and HNSW: only IO_FLAG_MMAP_IFC maps them
-    (IO_FLAG_MMAP would read them into RAM), so it comes first."""
-    if mmap is False:
-        return ()
-    if isinstance(mmap, str):
-        return (mmap,)
-    return ("IO_FLAG_MMAP", "IO_FLAG_MMAP_IFC") if kind.ivf else MMAP_FLAGS
-
-
-def _resolve_advice(kind: IndexKind, advice: str) -> str:
-    """``auto``: the kernel's readahead ("normal") for flat scans and IVF lists, which are read
-    in long runs; "random" (FAISS's own choice) for HNSW, which hops between small vectors."""
-    if advice != "auto":
-        return advice
-    return "random" if kind.hnsw else "normal"
-
-
-def _stop_list_prefetch(faiss, index) -> None:
-    """IO_FLAG_MMAP serves IVF lists through OnDiskInvertedLists, whose ``prefetch_lists`` starts
-    up to 32 threads on every search (and joins the previous search's) to touch the lists it
-    will probe. Warm, that thread churn cut single-thread IVF-PQ QPS from 630 to 376 here; cold,
-    the kernel's readahead on the mapping already reads each list in long requests (100 cold
-    IVF-Flat searches: 10.2 ms mean without the threads, 14.4 ms with). So: no prefetch threads."""
-    lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
-    if hasattr(lists, "prefetch_nthread"):
-        lists.prefetch_nthread = 0
-
-
-def _read(faiss, path: str, source: str, flag: int):
-    try:
-        return faiss.read_index(source, flag)
-    except RuntimeError as e:
-        detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise IndexFormatError(path, f"FAISS cannot read it (truncated or corrupt?): "
-                                     f"{detail}") from None
-
-
 class IndexReader:
-    """A FAISS index opened read-only, memory-mapped by default, that times every search.
+    """A FAISS index opened read-only from the drive, that times every search.
 
-    ``IndexReader(path, mmap=True)`` maps the file (milliseconds for any size) with the best
-    FAISS flag for its type (or the one named: ``"IO_FLAG_MMAP_IFC"``, ``"IO_FLAG_MMAP"``);
-    ``mmap=False`` reads it all into RAM, for comparison. Supports IndexFlat (L2/IP), IndexIVFFlat,
-    IndexIVFPQ and IndexHNSWFlat; other files raise IndexFormatError listing those.
-    ``advice`` sets the mapping's readahead: ``"auto"`` (kernel readahead for flat and IVF,
-    none for HNSW), ``"normal"``, ``"random"`` or ``"sequential"``.
-    ``nprobe`` (IVF) and ``ef_search`` (HNSW) set the search breadth.
+    ``io`` says how it is served. ``"direct"``: the coarse quantizer and the header in memory,
+    the inverted lists each search probes fetched from the drive with O_DIRECT reads (all of a
+    search's lists in flight at once) into a DRAM list cache of ``list_cache`` bytes shared by
+    every searching thread; the page cache is left alone. For IndexIVFFlat, IndexIVFPQ and
+    IndexIVFScalarQuantizer; other types are memory-mapped, and ``info()["io_reason"]`` says
+    why. ``"mmap"``: FAISS maps the file (milliseconds for any size) with the best flag for its
+    type, or the one named by ``mmap`` (``"IO_FLAG_MMAP_IFC"``, ``"IO_FLAG_MMAP"``); the page
+    cache decides what is in memory. ``"auto"`` (the default): direct where it applies, else
+    mmap (and mmap when ``mmap`` names a flag). ``mmap=False`` reads the whole index into RAM
+    instead, for comparison.
+
+    Supports IndexFlat (L2/IP), IndexIVFFlat, IndexIVFPQ, IndexIVFScalarQuantizer and
+    IndexHNSWFlat; other files raise IndexFormatError listing those. ``advice`` sets a
+    mapping's readahead: ``"auto"`` (kernel readahead for flat and IVF, none for HNSW),
+    ``"normal"``, ``"random"`` or ``"sequential"``. ``nprobe`` (IVF) and ``ef_search`` (HNSW)
+    set the search breadth. ``engine`` and ``queue_depth`` choose how direct reads are made
+    (None: the process settings, ``FLASHSTREAM_ENGINE`` / ``FLASHSTREAM_QUEUE_DEPTH``).
 
     ``search`` is safe to call from many threads at once; each call runs single-threaded in
     FAISS, so throughput comes from caller threads. Replace the file on disk only by writing a
@@ -163,24 +72,35 @@ class IndexReader:
     file it opened, and ``refresh()`` switches to the new one.
     """
 
-    def __init__(self, path: PathLike, *, mmap: MmapSetting = True, advice: str = "auto",
-                 nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> None:
+    def __init__(self, path: PathLike, *, io: str = "auto", mmap: MmapSetting = True,
+                 advice: str = "auto", nprobe: Optional[int] = None,
+                 ef_search: Optional[int] = None, list_cache: Size = "512MiB",
+                 engine: Optional[str] = None, queue_depth: Optional[int] = None) -> None:
         self.path = os.fspath(path)
+        if io not in IO_MODES:
+            raise ValueError(f"io must be one of {', '.join(IO_MODES)}, got {io!r}")
         if not (isinstance(mmap, bool) or mmap in MMAP_FLAGS):
             raise ValueError(f"mmap must be True, False or one of {', '.join(MMAP_FLAGS)}, "
                              f"got {mmap!r}")
+        if io == "direct" and mmap is False:
+            raise ValueError("io='direct' fetches lists from the drive and mmap=False reads "
+                             "the whole index into RAM: use one of them")
         if advice not in ADVICE_SETTINGS:
             raise ValueError(f"advice must be one of {', '.join(ADVICE_SETTINGS)}, "
                              f"got {advice!r}")
-        self.mmap = mmap
-        self.advice = advice
-        self._recorder = engine.LatencyRecorder()
+        self.io, self.mmap, self.advice = io, mmap, advice
+        self.direct_config = DirectConfig(list_cache=list_cache, engine=engine,
+                                          queue_depth=queue_depth)
+        self._recorder = _engine.LatencyRecorder()
         register_reader(self)  # its searches count toward CheckpointWriter(read_slo=)
         self._lock = threading.Lock()  # refresh/close against each other
-        self._served: Optional[_Served] = _Served(self.path, self.mmap, self.advice)
+        self._served: Optional[Served] = self._serve()
         self._nprobe: Optional[int] = None
         self._ef_search: Optional[int] = None
         self.configure(nprobe=nprobe, ef_search=ef_search)
+
+    def _serve(self) -> Served:
+        return Served(self.path, self.io, self.mmap, self.advice, self.direct_config)
 
     # -- serving ---------------------------------------------------------------------------------
     @property
@@ -214,7 +134,7 @@ class IndexReader:
             self._ef_search = int(ef_search)
         self._apply(served)
 
-    def _apply(self, served: _Served) -> None:
+    def _apply(self, served: Served) -> None:
         if self._nprobe is not None:
             served.index.nprobe = self._nprobe
         if self._ef_search is not None:
@@ -225,8 +145,7 @@ class IndexReader:
 
         The call's latency is recorded (one sample per call: call it one query at a time for
         per-query latency)."""
-        served = self._open()
-        index = served.index  # a local reference: a concurrent refresh cannot free it
+        served = self._open()  # a local reference: a concurrent refresh cannot free it
         q = queries
         if not (type(q) is np.ndarray and q.dtype == np.float32 and q.flags.c_contiguous):
             q = np.ascontiguousarray(q, dtype=np.float32)
@@ -240,9 +159,9 @@ class IndexReader:
         if k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         if not getattr(_thread, "faiss_single", False):
-            _single_threaded(_faiss())
+            _single_threaded(faiss_module())
         start = time.perf_counter_ns()
-        result = index.search(q, int(k))
+        result = served.search(q, int(k))
         self._recorder.stop(start)
         return result
 
@@ -261,10 +180,13 @@ class IndexReader:
         return cache.resident_bytes(f"/proc/self/fd/{served.fd}") / size if size else 0.0
 
     def evict(self) -> float:
-        """Make the next searches cold: drop this process's mapped pages of the file, then the
-        file's page cache. Returns ``residency()`` afterwards (near 0 unless another process
-        maps the file). With ``mmap=False`` the index itself stays in RAM."""
+        """Make the next searches cold: empty the list cache (direct; lists in use go when
+        their searches end), drop this process's mapped pages of the file, then the file's page
+        cache. Returns ``residency()`` afterwards (near 0 unless another process maps the
+        file). With ``mmap=False`` the index itself stays in RAM."""
         served = self._open()
+        if served.direct is not None:
+            served.direct.evict()
         drop_pages(mappings_of(served.stat))
         cache.evict([f"/proc/self/fd/{served.fd}"])
         return self.residency()
@@ -279,17 +201,20 @@ class IndexReader:
             st = os.stat(self.path)
             if (st.st_dev, st.st_ino) == (served.stat.st_dev, served.stat.st_ino):
                 return False
-            fresh = _Served(self.path, self.mmap, self.advice)
+            fresh = self._serve()
             self._apply(fresh)
             self._served = fresh
         served.close()
         return True
 
     def info(self) -> Dict[str, object]:
-        """How the index is served: type, size, mapping flag and mapped bytes, open time."""
+        """How the index is served: type, size, ``io`` (``direct``, ``mmap`` or ``ram``) and
+        ``io_reason`` (why not direct), mapping flag and mapped bytes, open time; served
+        directly, also the list cache's figures and the fetches' (``direct``)."""
         served = self._open()
         index = served.index
         size = served.stat.st_size
+        direct = served.direct
         return {
             "path": self.path,
             "type": type(index).__name__,
@@ -298,6 +223,9 @@ class IndexReader:
             "ntotal": int(index.ntotal),
             "metric": _METRICS.get(int(index.metric_type), f"metric {int(index.metric_type)}"),
             "file_bytes": size,
+            "io": served.io,
+            "io_reason": served.io_reason,
+            "o_direct": bool(direct.file.direct) if direct else None,
             "mmap": bool(self.mmap),
             "io_flag": served.io_flag,
             "advice": served.advice,
@@ -307,6 +235,7 @@ class IndexReader:
             "nprobe": int(index.nprobe) if served.kind.ivf else None,
             "ef_search": int(index.hnsw.efSearch) if served.kind.hnsw else None,
             "searches": self.latency().count,
+            "direct": direct.stats() if direct else None,
         }
 
     def close(self) -> None:
@@ -315,7 +244,7 @@ class IndexReader:
         if served is not None:
             served.close()
 
-    def _open(self) -> _Served:
+    def _open(self) -> Served:
         served = self._served
         if served is None:
             raise ValueError(f"IndexReader for {self.path} is closed")
@@ -330,14 +259,14 @@ class IndexReader:
     def __repr__(self) -> str:
         if self._served is None:
             return f"IndexReader({self.path!r}, closed)"
-        how = self._served.io_flag or "in RAM"
+        how = ("direct" if self._served.direct else self._served.io_flag) or "in RAM"
         return f"IndexReader({self.path!r}, {self._served.kind.name}, {how})"
 
 
 def write_index(index: Any, path: PathLike) -> Path:
     """Write a FAISS index so that readers never see a partial file: write a temporary file in
     the same directory, fsync it, rename it over ``path``, fsync the directory."""
-    faiss = _faiss()
+    faiss = faiss_module()
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(errno.ENOENT, "no such directory", str(target.parent))
