@@ -64,6 +64,16 @@ def test_tensor_batches_equal_the_per_sample_bytes(urls, options, workers):
     assert isinstance(batches[0], TensorBatch)
 
 
+@pytest.mark.parametrize("chunk", ["4KiB", "16KiB"])
+@pytest.mark.parametrize("options", [dict(), dict(shuffle=7, seed=3)])
+def test_tensor_batches_from_chunks_of_a_few_samples(urls, chunk, options):
+    """Reads of a few samples each: most go whole to one batch, some span two, and shuffled
+    blocks read through samples they do not want."""
+    blocks = list(fs.ShardStream(urls, **options).batched(4, collation_fn=None))
+    batches = list(fs.ShardStream(urls, chunk_size=chunk, **options).tensors(4))
+    assert_same_bytes(batches, blocks)
+
+
 def test_field_shapes(urls):
     batch = next(iter(fs.ShardStream(urls).tensors(4)))
     assert batch["bin"].shape == (4, 1000) and batch["bin"].dtype == torch.uint8
@@ -165,7 +175,8 @@ def test_pickling_outside_a_worker_keeps_the_tensors(urls):
     assert isinstance(copy, TensorBatch) and torch.equal(copy["bin"], batch["bin"])
 
 
-def test_bad_shard_in_the_tensor_path(tmp_path):
+@pytest.mark.parametrize("chunk", [None, "4KiB"])
+def test_bad_shard_in_the_tensor_path(tmp_path, chunk):
     good = write_uneven(tmp_path / "good", (6, 5))
     bad = tmp_path / "bad.tar"
     with open(good[0], "rb") as f:
@@ -178,7 +189,7 @@ def test_bad_shard_in_the_tensor_path(tmp_path):
     with pytest.raises(fs.ShardFormatError) as caught:
         fs.ShardStream(urls, index=True)  # the index scan finds it first
     assert caught.value.url == str(bad)
-    stream = fs.ShardStream(urls, handler="ignore")
+    stream = fs.ShardStream(urls, handler="ignore", chunk_size=chunk)
     keys = [k for b in stream.tensors(3) for k in b["__key__"]]
     assert keys[:2] == ["sh0/k000000", "sh0/k000001"]  # before the bad header
     assert "sh0/k000002" not in keys and keys[-5:] == [f"sh1/k{i:06d}" for i in range(5)]

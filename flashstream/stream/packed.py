@@ -41,20 +41,33 @@ class _Batches:
         self.urls = urls
         # Piece k reads the samples read[first[k]:first[k + 1]], in ascending offsets (pieces
         # join only samples that follow each other in the file): its wanted offsets, sorted.
-        self.first = np.concatenate(([0], np.cumsum([len(p.keep) for p in reads.pieces])))
+        first = np.concatenate(([0], np.cumsum([len(p.keep) for p in reads.pieces])))
+        self.first = first.tolist()
         in_read_order = reads.offsets[reads.read]
         self.want = [in_read_order[a:b] for a, b in zip(self.first[:-1], self.first[1:])]
         self.batch_of_read = ordinal[reads.read]
+        self.batch_list = self.batch_of_read.tolist()
+        # run_end[i]: where the run of reads that go to read i's batch ends.
+        ends = np.append(np.flatnonzero(np.diff(self.batch_of_read)) + 1,
+                         len(self.batch_of_read))
+        self.run_end = np.repeat(ends, np.diff(ends, prepend=0)).tolist()
         self.shard_of_read = reads.shards[reads.read]
         spans = np.bincount(ordinal, weights=(reads.ends - reads.offsets), minlength=count)
         self.region = (-(-spans.astype(np.int64) // _ALIGN) * _ALIGN).tolist()
-        self.expected = np.bincount(ordinal, minlength=count)
-        self.arrived = np.zeros(count, dtype=np.int64)
-        self.lost = np.zeros(count, dtype=np.int64)
-        self.read_ids: Dict[int, List[np.ndarray]] = {}
+        # Counters in Python ints: they are read and moved once per chunk or record.
+        self.expected = np.bincount(ordinal, minlength=count).tolist()
+        self.arrived = [0] * count
+        self.lost = [0] * count
+        # Per piece: the next wanted sample expected (most chunks bring exactly the next ones),
+        # and how many of its wanted samples came; per read sample: whether it came.
+        self.cursor = [0] * len(self.want)
+        self.came = [0] * len(self.want)
+        self.delivered = np.zeros(self.first[-1], dtype=bool)
+        self.read_ids: Dict[int, List[Any]] = {}  # batch -> its read samples: ranges, arrays
         self.open: Dict[int, Tuple[Any, Any, int, int]] = {}  # packer, slab, generation, regions
         self.exts: List[str] = []  # fields seen so far: their regions keep their place
         self.fields = 2  # regions a new batch gets (grows as fields appear)
+        self._zeros: Dict[int, np.ndarray] = {}  # targets "all to the first batch", by length
 
     def complete(self, b: int) -> bool:
         return self.arrived[b] + self.lost[b] >= self.expected[b]
@@ -77,46 +90,82 @@ class _Batches:
         slab.release(generation)
         self.open[b] = (packer, bigger, new_generation, regions)
 
-    def pack(self, scanner: Any, piece: int, offsets: np.ndarray) -> Tuple[np.ndarray, int]:
+    def _copy(self, scanner: Any, targets: np.ndarray, ids: List[int]) -> None:
+        """Copy the scanner's completed samples into batches ``ids`` (``targets``: an index
+        into ``ids`` per sample, -1: not wanted), growing a batch that meets a new field."""
+        packers = [self._packer(b) for b in ids]
+        start = 0
+        while True:
+            refused = scanner.pack(targets, packers, start)
+            if refused < 0:
+                return
+            t = int(targets[refused])
+            self._grow(ids[t])
+            packers[t] = self.open[ids[t]][0]
+            start = refused
+
+    def pack(self, scanner: Any, piece: int, offsets: np.ndarray) -> int:
         """Pack the scanner's completed samples of ``piece`` (first headers ``offsets``) into
-        their batches; (the wanted offsets found, how many)."""
+        their batches; how many were wanted."""
+        k = len(offsets)
+        at = self.cursor[piece]
+        want = self.want[piece]
+        if at + k <= len(want) and (want[at:at + k] == offsets).all():
+            # The usual chunk: exactly the next wanted samples of the piece.
+            read = self.first[piece] + at
+            if self.run_end[read] >= read + k:  # and all for one batch
+                b = self.batch_list[read]
+                targets = self._zeros.get(k)
+                if targets is None:
+                    targets = self._zeros[k] = np.zeros(k, dtype=np.int64)
+                self._copy(scanner, targets, [b])
+                self._arrive(piece, b, range(read, read + k))
+                self.cursor[piece] = at + k
+                return k
+        return self._pack_any(scanner, piece, offsets)
+
+    def _pack_any(self, scanner: Any, piece: int, offsets: np.ndarray) -> int:
+        """pack() for any chunk: wanted samples among others, or for several batches."""
         want = self.want[piece]
         index = np.searchsorted(want, offsets)
         hit = index < len(want)
         hit[hit] = want[index[hit]] == offsets[hit]
         reads = self.first[piece] + index[hit]
-        batches = self.batch_of_read[reads]
-        if len(batches) and batches[0] == batches[-1] and (batches == batches[0]).all():
-            ids, inverse = batches[:1], np.zeros(len(batches), dtype=np.int64)  # the usual case
-        else:
-            ids, inverse = np.unique(batches, return_inverse=True)
+        if not len(reads):
+            return 0
+        ids, inverse = np.unique(self.batch_of_read[reads], return_inverse=True)
         targets = np.full(len(offsets), -1, dtype=np.int64)
         targets[hit] = inverse
-        packers = [self._packer(b) for b in ids.tolist()]
-        start = 0
-        while True:
-            refused = scanner.pack(targets, packers, start)
-            if refused < 0:
-                break
-            b = int(ids[targets[refused]])
-            self._grow(b)
-            packers[int(targets[refused])] = self.open[b][0]
-            start = refused
-        if len(ids) == 1:
-            self.arrived[ids[0]] += len(reads)
-            self.read_ids.setdefault(int(ids[0]), []).append(reads)
-        else:
-            counts = np.bincount(inverse, minlength=len(ids))
-            self.arrived[ids] += counts
-            order = np.argsort(inverse, kind="stable")
-            for b, chunk in zip(ids.tolist(), np.split(reads[order], np.cumsum(counts)[:-1])):
-                self.read_ids.setdefault(b, []).append(chunk)
-        return offsets[hit], len(reads)
+        self._copy(scanner, targets, ids.tolist())
+        order = np.argsort(inverse, kind="stable")
+        counts = np.bincount(inverse, minlength=len(ids))
+        for b, part in zip(ids.tolist(), np.split(reads[order], np.cumsum(counts)[:-1])):
+            self._arrive(piece, b, part)
+        self.cursor[piece] = int(index[hit][-1]) + 1
+        return len(reads)
+
+    def _arrive(self, piece: int, b: int, reads: Any) -> None:
+        """Samples ``reads`` (a range or an array of read indices) of ``piece`` are in batch
+        ``b``."""
+        self.arrived[b] += len(reads)
+        self.came[piece] += len(reads)
+        self.delivered[reads if not isinstance(reads, range)
+                       else slice(reads.start, reads.stop)] = True
+        self.read_ids.setdefault(b, []).append(reads)
+
+    def piece_complete(self, piece: int) -> bool:
+        """Every wanted sample of ``piece`` came."""
+        return self.came[piece] == len(self.want[piece])
+
+    def missing(self, piece: int) -> List[int]:
+        """Wanted offsets of ``piece`` that did not come, ascending."""
+        a, b = self.first[piece], self.first[piece + 1]
+        return self.want[piece][~self.delivered[a:b]].tolist()
 
     def lose(self, piece: int, offset: int) -> None:
         """A wanted sample that will not come (an error the handler skipped)."""
         j = self.first[piece] + int(np.searchsorted(self.want[piece], offset))
-        self.lost[self.batch_of_read[j]] += 1
+        self.lost[self.batch_list[j]] += 1
 
     def finish(self, b: int) -> Optional[TensorBatch]:
         """Batch ``b`` as a TensorBatch (None if none of its samples came)."""
@@ -133,7 +182,9 @@ class _Batches:
         for layout in layouts:
             if layout.name not in self.exts:
                 self.exts.append(layout.name)
-        reads = np.sort(np.concatenate(self.read_ids.pop(b)))
+        # In arrival order, which is read order: the order the packer holds them in.
+        reads = np.concatenate([np.arange(r.start, r.stop) if isinstance(r, range) else r
+                                for r in self.read_ids.pop(b)])
         urls = [self.urls[s] for s in self.shard_of_read[reads].tolist()]
         lease = slab_pool().lease(slab, generation)
         return build_batch(lease, layouts, {"__key__": keys, "__url__": urls},
@@ -148,7 +199,8 @@ class _Batches:
 
 
 class _PackingPass(_Pass):
-    """A reading pass whose scanned samples go to their batches instead of becoming dicts."""
+    """A reading pass whose scanned samples go to their batches instead of becoming dicts.
+    Which wanted samples came is kept by the batches (per piece, not in a set of offsets)."""
 
     def __init__(self, pieces: Sequence[Piece], settings: IOSettings, handler: Handler,
                  stats: ReadStats, batches: _Batches) -> None:
@@ -159,11 +211,15 @@ class _PackingPass(_Pass):
         offsets, _ends = self.scanner.spans()
         if not len(offsets):
             return []
-        found, count = self.batches.pack(self.scanner, self.piece, offsets)
-        if count:
-            self.seen.update(found.tolist())
-            self.stats.samples += count
+        count = self.batches.pack(self.scanner, self.piece, offsets)
+        self.stats.samples += count
         return [(self.piece, count, None, PACKED)]
+
+    def complete(self) -> bool:
+        return self.open and self.batches.piece_complete(self.piece)
+
+    def missing(self, index: int) -> List[int]:
+        return self.batches.missing(index)
 
 
 class PackedPass:
