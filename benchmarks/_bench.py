@@ -7,14 +7,16 @@ import io
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import psutil
 from tqdm import tqdm
 
 import flashstream
@@ -220,6 +222,73 @@ def format_probe(result: ProbeResult, op: str = "read") -> str:
         return head + f"no sequential {op} figure"
     return (head + f"best sequential {op} {best.gbps:.3f} GB/s "
             f"({format_size(best.block_size)} x {best.queue_depth})")
+
+
+# -- CPU ----------------------------------------------------------------------------------------
+def _rusage_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _threads_on_cpu_s(pid: int) -> float:
+    """Seconds on CPU of the live threads of ``pid``, from /proc/PID/task/*/schedstat
+    (nanoseconds, where /proc/PID/stat counts whole 10 ms ticks)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            pass
+    return total / 1e9
+
+
+def _descendants() -> Dict[int, Tuple[float, float]]:
+    """pid -> (on-CPU seconds of its live threads plus its reaped children, the same counted
+    in ticks with its ended threads) for every live process below this one."""
+    out: Dict[int, Tuple[float, float]] = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        reaped = times.children_user + times.children_system
+        out[proc.pid] = (_threads_on_cpu_s(proc.pid) + reaped,
+                         times.user + times.system + reaped)
+    return out
+
+
+class CpuMeter:
+    """Core-seconds (user + system) spent between construction and :meth:`stop` by this
+    process and every process below it: DataLoader workers, persistent ones included (alive
+    throughout, so never reaped: they are read from /proc), and children that ended (fio,
+    workers of a loader that is not persistent: from ``RUSAGE_CHILDREN``)."""
+
+    def __init__(self) -> None:
+        self._self = _rusage_s(resource.RUSAGE_SELF)
+        self._reaped = _rusage_s(resource.RUSAGE_CHILDREN)
+        self._live = _descendants()
+
+    def stop(self) -> Dict[str, float]:
+        """``cpu_s`` in all, ``cpu_main_s`` of this process, ``cpu_others_s`` of the rest."""
+        main = _rusage_s(resource.RUSAGE_SELF) - self._self
+        others = _rusage_s(resource.RUSAGE_CHILDREN) - self._reaped
+        live = _descendants()
+        for pid, (exact, ticks) in live.items():
+            exact0, ticks0 = self._live.get(pid, (0.0, 0.0))
+            # The exact figure misses threads that ended meanwhile (a thread engine's pool
+            # goes with its reader): then the tick count, which keeps them, is the larger.
+            exact, ticks = exact - exact0, ticks - ticks0
+            others += ticks if ticks - exact > 0.02 else exact
+        for pid, (_exact, ticks0) in self._live.items():
+            if pid not in live:  # ended and reaped since: RUSAGE_CHILDREN has its whole life
+                others -= ticks0
+        others = max(others, 0.0)
+        return {"cpu_s": main + others, "cpu_main_s": main, "cpu_others_s": others}
 
 
 # -- DataLoader collates (module level, so worker processes can unpickle them) ------------------

@@ -4,8 +4,8 @@
 epoch.py:
 One row per data set: (1) read throughput over time as the device counted it, for each
 loader's cold epoch of the median round, with the probe's best sequential read and fio's GB/s
-as horizontal lines; (2) samples/s per loader (median over rounds), the ratios the targets
-use written beside; (3) the request-latency CDF of the flashstream epoch read through
+as horizontal lines; (2) samples/s per loader (median over rounds) with its core-seconds per
+GB, the ratios written beside; (3) the request-latency CDF of the flashstream epoch read through
 DataLoader workers, with the probe's p95 at the nearest request shape marked.
 
 checkpoint.py: write GB/s over time per writer, the stall per save, and (with --reader) the
@@ -154,20 +154,23 @@ def _rates(ax, name: str, result: Dict[str, object]) -> None:
     values = [median[k]["samples_per_s"] for k in keys]
     bars = ax.barh([LOADER_STYLE[k][0] for k in keys], values,
                    color=[LOADER_STYLE[k][1] for k in keys])
-    for bar, value in zip(bars, values):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:,.0f}",
+    for bar, key, value in zip(bars, keys, values):
+        cpu = median[key].get("cpu_s_per_gb")
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {value:,.0f}" + ("" if cpu is None else f"  ({cpu:.2f} core-s/GB)"),
                 va="center", fontsize=8)
     notes = [f"{k.replace('_', ' ')}: {median[k]:.2f}x" for k in
-             ("tensors_vs_inprocess", "tensors_vs_webdataset", "decode_vs_webdataset")
+             ("tensors_vs_inprocess", "tensors_cpu_vs_webdataset", "decode_vs_webdataset",
+              "decode_cpu_vs_webdataset", "tensors_vs_webdataset")
              if median.get(k) is not None]
     if notes:
         ax.text(0.98, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom",
                 fontsize=8, bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
     ax.invert_yaxis()
     ax.set_xlabel("samples/s (median over rounds)")
-    ax.set_title(f"{name}: samples/s reaching the loop", fontsize=10)
+    ax.set_title(f"{name}: samples/s reaching the loop, and CPU per GB", fontsize=10)
     ax.grid(alpha=0.3, axis="x")
-    ax.set_xlim(right=max(values, default=1) * 1.25)
+    ax.set_xlim(right=max(values, default=1) * 1.6)
 
 
 def _latency_cdf(ax, name: str, epoch: Optional[Dict[str, object]]) -> None:

@@ -18,8 +18,11 @@ first), in an order that rotates from round to round:
 The DataLoaders keep their workers from epoch to epoch (``persistent_workers=True``, as long
 training runs do; ``--no-persistent-workers`` starts them anew for every epoch): they are
 started once, untimed, before the first round. Figures: seconds (the whole epoch), time to
-the first item, samples/s and GB/s of shard bytes, and the share of the device probe's best
-sequential read. Ratios are taken within each round and their median reported.
+the first item, samples/s and GB/s of shard bytes, the share of the drive's speed (fio in the
+same round, else the device probe's best sequential read), and the CPU it took: core-seconds
+(user + system, of this process and every DataLoader worker) per GB of shard bytes delivered.
+Ratios are taken within each round and their median reported. The verdicts judge each path
+against the drive and against CPU per GB; webdataset's speed ratios are printed as context.
 flashstream's epochs run under EpochMonitor (request latency, batch wait, device counters) and
 the page cache is checked after each. A table goes to stdout, everything to JSON, and a
 figure to a PNG.
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
 import _loaders  # noqa: E402
 import _plot  # noqa: E402
+import _verdicts  # noqa: E402
 
 import flashstream  # noqa: E402
 from flashstream.cache import evict, residency  # noqa: E402
@@ -52,32 +56,12 @@ from flashstream.telemetry.report import EpochMonitor  # noqa: E402
 
 # name -> (sample payload bytes, default data set bytes, shard bytes)
 PROFILES = {"100KB": (100_000, 1 << 30, 128 << 20), "8KB": (8_000, 384 << 20, 64 << 20)}
-JPEG = "jpeg"  # small JPEGs for the decode chain: default data set bytes, shard bytes
+JPEG = _verdicts.JPEG  # small JPEGs for the decode chain
 JPEG_SIZES = (64 << 20, 16 << 20)
-# (profile, ratio, floor, what it compares)
-TARGETS = [
-    ("100KB", "tensors_vs_inprocess", 0.85,
-     "tensors(B) through DataLoader workers / ShardStream in process, samples/s"),
-    ("100KB", "tensors_vs_webdataset", 4.0,
-     "tensors(B) / webdataset .map(to_tensor).batched(B), same loader, samples/s"),
-    ("8KB", "tensors_vs_webdataset", 10.0,
-     "tensors(B) / webdataset .map(to_tensor).batched(B), same loader, samples/s"),
-    (JPEG, "decode_vs_webdataset", 1.0,
-     "flashstream decode chain / webdataset decode chain, same loader, samples/s"),
-    ("100KB", "inprocess_vs_fio", 0.9, "ShardStream in process / fio, GB/s"),
-]
-MAX_RESIDENCY = 0.01  # page cache share of the shards after a cold flashstream epoch
-RATIOS = {  # name -> (numerator, denominator, field)
-    "tensors_vs_inprocess": ("tensors", "inprocess", "samples_per_s"),
-    "tensors_vs_webdataset": ("tensors", "webdataset", "samples_per_s"),
-    "inprocess_vs_webdataset": ("inprocess", "webdataset", "samples_per_s"),
-    "inprocess_vs_fio": ("inprocess", "fio", "gbps"),
-    "tensors_vs_fio": ("tensors", "fio", "gbps"),
-    "decode_vs_webdataset": ("decode_flashstream", "decode_webdataset", "samples_per_s"),
-}
 SAMPLE_INTERVAL = 0.1  # seconds between device-counter samples: the plot's time resolution
 FIGURES = ("seconds", "first_item_s", "samples", "batches", "bytes_read", "gbps",
-           "samples_per_s", "gbps_vs_probe", "residency")
+           "samples_per_s", "gbps_vs_probe", "gbps_vs_drive", "cpu_s", "cpu_main_s",
+           "cpu_others_s", "cpu_s_per_gb", "fio_cpu_s_per_gb", "residency")
 
 
 @dataclasses.dataclass
@@ -126,19 +110,28 @@ def cold_epoch(name: str, data: DataSet, setup: Setup,
     new one): evicted first, monitored, page cache checked after."""
     if name == "fio":
         evict(data.paths)
-        return _bench.fio_sequential_read(data.paths) or {}
+        meter = _bench.CpuMeter()
+        fio = _bench.fio_sequential_read(data.paths)
+        if not fio:
+            return {}
+        own = fio.pop("cpu_s", None)  # fio's count of its job; the meter's has its start-up
+        return {**fio, **meter.stop(), "fio_cpu_s": own}
     if loader is None:
         loader = _loaders.make_loader(name, data.paths, setup.args)
     evict(data.paths)
     if loader.dataset is None:  # webdataset keeps no statistics: sample the device
         sampler = DiskSampler(setup.device, SAMPLE_INTERVAL).start()
+        meter = _bench.CpuMeter()
         result: Dict[str, object] = dict(timed(loader.items, loader.count))
+        result.update(meter.stop())
         disk = sampler.stop()
         result.update(disk=disk.to_dict() if disk else None, disk_timeline=sampler.timeline)
         return result
     monitor = EpochMonitor(loader.dataset, probe=setup.probe, device=setup.device,
                            sample_interval=SAMPLE_INTERVAL)
+    meter = _bench.CpuMeter()
     result = dict(timed(monitor.track(loader.items), loader.count))
+    result.update(meter.stop())
     result["residency"] = residency(data.paths)  # first, before anything else reads them
     totals = loader.dataset.stats()  # summed over DataLoader workers
     result.update(bytes_read=totals["bytes_read"],
@@ -165,6 +158,8 @@ def monitored(monitor: EpochMonitor) -> Dict[str, object]:
 
 
 def with_rates(result: Dict[str, object], nbytes: int, probe_gbps: Optional[float]) -> Dict:
+    """GB/s, samples/s, the share of the probe's best read and core-seconds per GB, all of the
+    data set's shard bytes (what every loader delivers)."""
     if not result:
         return result
     result.setdefault("gbps", nbytes / max(result["seconds"], 1e-9) / 1e9)
@@ -172,7 +167,23 @@ def with_rates(result: Dict[str, object], nbytes: int, probe_gbps: Optional[floa
         result["samples_per_s"] = result["samples"] / max(result["seconds"], 1e-9)
     if probe_gbps:
         result["gbps_vs_probe"] = result["gbps"] / probe_gbps
+    if "cpu_s" in result:
+        result["cpu_s_per_gb"] = result["cpu_s"] / (nbytes / 1e9)
+    if result.get("fio_cpu_s") is not None:  # fio's own count, its start-up left out
+        result["fio_cpu_s_per_gb"] = result["fio_cpu_s"] / (nbytes / 1e9)
     return result
+
+
+def against_drive(run: Dict[str, object], probe_gbps: Optional[float]) -> None:
+    """Each loader's GB/s as a share of the drive's: fio's in the same round where fio ran (the
+    same files, the same minute), else the probe's best sequential read."""
+    drive = (run.get("fio") or {}).get("gbps") or probe_gbps
+    if not drive:
+        return
+    for name in run["order"]:
+        result = run.get(name)
+        if result and name != "fio" and result.get("gbps"):
+            result["gbps_vs_drive"] = result["gbps"] / drive
 
 
 # -- rounds -------------------------------------------------------------------------------------
@@ -186,17 +197,9 @@ def one_round(data: DataSet, setup: Setup, number: int, step,
         step(name)
         run[name] = with_rates(cold_epoch(name, data, setup, kept.get(name)), data.bytes,
                                setup.probe_gbps)
-    run.update(ratios(run))
+    against_drive(run, setup.probe_gbps)
+    run.update(_verdicts.ratios(run))
     return run
-
-
-def ratios(run: Dict[str, object]) -> Dict[str, Optional[float]]:
-    out: Dict[str, Optional[float]] = {}
-    for name, (top, bottom, field) in RATIOS.items():
-        a, b = run.get(top) or {}, run.get(bottom) or {}
-        if a.get(field) and b.get(field):
-            out[name] = a[field] / b[field]
-    return out
 
 
 def summarize(rounds: List[Dict[str, object]]) -> Dict[str, object]:
@@ -256,11 +259,18 @@ def report(name: str, result: Dict[str, object]) -> None:
         if not figures:
             continue
         share = figures.get("gbps_vs_probe")
-        rows.append({"loader": key, **figures,
-                     "% of probe": None if share is None else f"{share:.0%}"})
+        # fio's own count of its job: the process tree's adds fio's start-up
+        cpu = figures.get("fio_cpu_s_per_gb", figures.get("cpu_s_per_gb"))
+        rows.append({"loader": key, **figures, "x drive": figures.get("gbps_vs_drive"),
+                     "% of probe": None if share is None else f"{share:.0%}",
+                     "core-s/GB": cpu})
     _bench.print_table(rows, ["loader", "seconds", "first_item_s", "samples_per_s", "gbps",
-                              "% of probe", "residency"])
-    for key in RATIOS:
+                              "x drive", "% of probe", "core-s/GB", "residency"])
+    fio = summary.get("fio") or {}
+    if fio.get("fio_cpu_s_per_gb") is not None:
+        print(f"  fio's core-s/GB is its job's, as fio counts it; with its start-up "
+              f"{fio['cpu_s_per_gb']:.3f}")
+    for key in _verdicts.RATIOS:
         if summary.get(key) is not None:
             print(f"  {key:28s} {summary[key]:8.3f}")
     monitored_key = "tensors" if "tensors" in result["loaders"] else "decode_flashstream"
@@ -270,26 +280,6 @@ def report(name: str, result: Dict[str, object]) -> None:
         print(f"\n{monitored_key} cold epoch through {result.get('workers', '')} DataLoader "
               f"workers (round {index + 1}), EpochMonitor report:")
         print("  " + run["report_table"].replace("\n", "\n  "))
-
-
-def check_targets(results: Dict[str, Dict[str, object]]) -> Dict[str, object]:
-    verdicts: Dict[str, object] = {}
-    for profile, key, floor, label in TARGETS:
-        value = results.get(profile, {}).get("median", {}).get(key)
-        if value is not None:
-            verdicts[f"{profile}: {label}"] = {"value": value, "target": floor,
-                                               "met": value >= floor}
-    for profile, result in results.items():
-        shares = [f["residency"] for f in result["median"].values()
-                  if isinstance(f, dict) and f.get("residency") is not None]
-        if shares:
-            worst = max(shares)
-            verdicts[f"{profile}: page cache after cold flashstream epochs"] = {
-                "value": worst, "target": f"< {MAX_RESIDENCY}", "met": worst < MAX_RESIDENCY}
-    if verdicts:
-        print("\ntargets (medians over rounds of ratios within a round):")
-        _bench.print_verdicts(verdicts)
-    return verdicts
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -411,11 +401,13 @@ def main(argv=None) -> int:
         results[data.name] = run_data_set(data, setup)
         results[data.name]["workers"] = args.workers
         report(data.name, results[data.name])
-    verdicts = check_targets(results)
+    verdicts = _verdicts.check_targets(results)
+    beside = _verdicts.context(results)
     settings = flashstream.settings.resolve(engine=args.engine, chunk_size=args.chunk_size,
                                             queue_depth=args.queue_depth)
     payload = {"environment": info, "settings": vars(settings), "loader": loader,
-               "probe": _bench.probe_summary(probe), "results": results, "targets": verdicts}
+               "probe": _bench.probe_summary(probe), "results": results, "targets": verdicts,
+               "context": beside}
     _bench.write_outputs(payload, args.json, _plot.plot_epoch, args.plot)
     return 0
 

@@ -62,10 +62,31 @@ def test_epoch_benchmark_generates_data_and_writes_json(tmp_path, monkeypatch):
         assert samples > 0
         assert median["tensors"]["samples"] == median["webdataset"]["samples"] == samples
         assert median["tensors_vs_webdataset"] > 0 and 0.0 <= median["tensors"]["residency"] <= 1
+        # CPU of this process and the workers, per GB of shard bytes; speed against the drive
+        for name in ("inprocess", "tensors", "webdataset"):
+            figures = median[name]
+            assert figures["cpu_s"] > 0 and figures["gbps_vs_drive"] > 0, (profile, name)
+            assert figures["cpu_s"] == pytest.approx(figures["cpu_main_s"]
+                                                     + figures["cpu_others_s"])
+            gb = result["results"][profile]["bytes"] / 1e9
+            assert figures["cpu_s_per_gb"] == pytest.approx(figures["cpu_s"] / gb, rel=1e-6)
+        assert median["tensors"]["cpu_others_s"] > 0  # the persistent worker's share
+        assert median["tensors_cpu_vs_webdataset"] > 0
     jpeg = result["results"]["jpeg"]["median"]
     assert jpeg["decode_flashstream"]["samples"] == jpeg["decode_webdataset"]["samples"] > 0
+    assert jpeg["decode_flashstream"]["cpu_s_per_gb"] > 0 and jpeg["decode_cpu_vs_webdataset"] > 0
     assert (tmp_path / "epoch.png").stat().st_size > 0
-    assert any("page cache" in label for label in result["targets"])
+    targets = result["targets"]
+    assert any("page cache" in label for label in targets)
+    assert all({"value", "target", "met"} <= set(v) for v in targets.values())
+    assert {"100KB: tensors(B) core-seconds per GB delivered (this process and the workers)",
+            "8KB: tensors(B) / webdataset .map(to_tensor).batched(B), core-seconds per GB",
+            "100KB: tensors(B) through DataLoader workers / the drive (fio, else the probe), "
+            "GB/s"} <= set(targets)
+    # webdataset's speed ratios are context, never a verdict
+    assert not any(label.endswith("batched(B), same loader, samples/s") for label in targets)
+    assert result["context"]["100KB"]["tensors_vs_webdataset"] > 0
+    assert "context, not targets" in out and "core-s/GB" in out
 
 
 def test_epoch_benchmark_on_existing_data(tmp_path):
@@ -81,6 +102,9 @@ def test_epoch_benchmark_on_existing_data(tmp_path):
     assert median["inprocess"]["samples"] == median["tensors"]["samples"] == 20
     assert median["tensors"]["batches"] == 4  # 20 samples in batches of 6
     assert "gbps_vs_probe" not in median["inprocess"] and "webdataset" not in median
+    assert "gbps_vs_drive" not in median["tensors"]  # neither fio nor the probe: no drive
+    # workers that are not persistent: started and reaped inside the epoch, still counted
+    assert median["tensors"]["cpu_others_s"] > 0 and median["tensors"]["cpu_s_per_gb"] > 0
     if "plot:" in out:  # matplotlib installed
         assert (tmp_path / "plots" / "o.png").stat().st_size > 0
 

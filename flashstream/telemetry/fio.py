@@ -85,9 +85,10 @@ def _check_rw(rw: str) -> None:
 
 
 def fio_result(text: str, command: Sequence[str]) -> Optional[Dict[str, object]]:
-    """seconds, bytes, gbps, iops, runtime_s (the job's wall time, I/O and waits included)
-    and the command from the JSON of a :func:`fio_command` run; None when the run was too
-    short for fio to time."""
+    """seconds, bytes, gbps, iops, runtime_s (the job's wall time, I/O and waits included),
+    cpu_s (the job's own user + system CPU seconds, as fio counts them: its start-up left
+    out) and the command from the JSON of a :func:`fio_command` run; None when the run was
+    too short for fio to time."""
     rw = next(a.split("=", 1)[1] for a in command if a.startswith("--rw="))
     jobs = json.loads(text)["jobs"][0]
     job = jobs["write" if "write" in rw else "read"]
@@ -95,6 +96,8 @@ def fio_result(text: str, command: Sequence[str]) -> Optional[Dict[str, object]]
     # too short for fio to time (tiny test data) reports 0 bandwidth: no figure then.
     if not job["bw_bytes"]:
         return None
+    runtime_s = jobs.get("job_runtime", 0) / 1e3
+    cpu_share = (jobs.get("usr_cpu", 0.0) + jobs.get("sys_cpu", 0.0)) / 100
     return {"seconds": job["io_bytes"] / job["bw_bytes"], "bytes": float(job["io_bytes"]),
-            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"],
-            "runtime_s": jobs.get("job_runtime", 0) / 1e3, "command": " ".join(command)}
+            "gbps": job["bw_bytes"] / 1e9, "iops": job["iops"], "runtime_s": runtime_s,
+            "cpu_s": cpu_share * runtime_s, "command": " ".join(command)}
