@@ -66,11 +66,39 @@ def test_profiles_scale_to_the_drive_and_check_settings():
     with pytest.raises(ValueError, match="allowed"):
         profile_settings("plc", 1e9, bogus=1)
     with pytest.raises(ValueError, match="drain_rate"):
-        DriveSettings(cache_size="1GiB", post_cache_rate="100MB", drain_rate="200MB")
+        DriveSettings(cache_size="1GiB", post_cache_rate="100MB", drain_rate="200MB",
+                      fast_rate="150MB")
+    with pytest.raises(ValueError, match="hysteresis"):
+        DriveSettings(cache_size="1GiB", post_cache_rate="100MB", hysteresis_share=1.5)
+
+
+def test_a_drive_that_folds_faster_idle_than_it_writes_in_the_cliff():
+    """drain above the post-cache rate: written at the post-cache rate it stays in the
+    cliff; idle it frees its hysteresis at the full drain rate."""
+    s = DriveSettings(cache_size=100 * MiB, post_cache_rate=10 * MiB, drain_rate=30 * MiB,
+                      fast_rate=100 * MiB, hysteresis_share=0.2)
+    model = CacheModel(s)
+    model.step(200 * MiB, 0.01)
+    assert model.state.cliff
+    for _ in range(300):  # 3 s written at the post-cache rate
+        model.step(0.1 * MiB, 0.01)
+    assert model.state.cliff and model.state.fill == s.cache_size
+    for _ in range(60):  # 0.6 s idle folds 18 MiB: still short of the hysteresis
+        model.step(0, 0.01)
+    assert model.state.cliff
+    assert model.state.fill == pytest.approx(s.cache_size - 18 * MiB)
+    for _ in range(8):
+        model.step(0, 0.01)
+    assert not model.state.cliff
+    # Out of the cliff, writing below the drain rate empties the cache.
+    for _ in range(100):
+        model.step(0.2 * MiB, 0.01)
+    assert model.state.fill < s.cache_size - 20 * MiB - 9 * MiB
 
 
 def test_random_drives_fall_in_the_documented_range():
     rng = random.Random(7)
+    seen = set()
     for _ in range(200):
         s = random_settings(1e9, rng)
         fast = 0.9e9
@@ -81,6 +109,13 @@ def test_random_drives_fall_in_the_documented_range():
             "cache_seconds"][1]
         share = s.drain_rate / s.post_cache_rate
         assert RANDOM_RANGES["drain_share"][0] <= share <= RANDOM_RANGES["drain_share"][1]
+        held = s.hysteresis / s.cache_size
+        low, high = RANDOM_RANGES["hysteresis_share"]
+        assert low - 1e-6 <= held <= high + 1e-6
+        seen.add((share > 1, held > 0.1, seconds < 0.5))
+    # The family holds drives that fold faster idle than in the cliff, wide hysteresis and
+    # small caches, in every combination.
+    assert len(seen) == 8
     assert random_settings(1e9, random.Random(3)) == random_settings(1e9, random.Random(3))
     with pytest.raises(ValueError, match="write_rate"):
         random_settings(0, random.Random(1))

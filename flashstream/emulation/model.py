@@ -9,6 +9,10 @@ the background. The model keeps one number, the bytes in the cache (``fill``):
 - once it is full the drive is *in the cliff*: writes run at ``post_cache_rate`` and reads are
   held back to ``fold_read_rate`` while it folds; it leaves the cliff once folding has freed
   ``hysteresis`` bytes (so a writer that keeps writing at the post-cache rate stays in it).
+  A drive may fold faster when idle than it writes in the cliff (``drain_rate`` above
+  ``post_cache_rate``): written in the cliff, it folds no faster than it is written, so it
+  stays there while written at the post-cache rate, and folds at the full rate when idle
+  (in between, in proportion to the write rate).
 
 So a write at any rate below ``drain_rate`` never fills the cache, and from an empty cache a
 write at rate ``w > drain_rate`` reaches the cliff after ``cache_size * w / (w - drain_rate)``
@@ -46,10 +50,11 @@ class DriveSettings:
     fast_rate: write bytes/s while the cache has room; 0 leaves writes at the real drive's
         speed.
     post_cache_rate: write bytes/s once the cache is full (in the cliff).
-    drain_rate: bytes/s folded out of the cache whenever it holds data; at most
-        ``post_cache_rate`` (a drive that folds faster than it can write in the cliff would
-        leave the cliff while still being written at full speed).
+    drain_rate: bytes/s folded out of the cache whenever it holds data (in the cliff, no
+        faster than it is written: see the module docstring); below ``fast_rate``.
     fold_read_rate: read bytes/s allowed while in the cliff; 0: reads are not held back.
+    hysteresis_share: the share of the cache folding must free before the drive leaves the
+        cliff; default (None) 2% of the cache, at least a quarter second of folding.
     """
 
     cache_size: Size
@@ -57,6 +62,7 @@ class DriveSettings:
     drain_rate: Optional[Size] = None  # default: the post-cache rate
     fast_rate: Size = 0
     fold_read_rate: Size = 0
+    hysteresis_share: Optional[float] = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -68,23 +74,27 @@ class DriveSettings:
             else _rate(self.drain_rate, "drain_rate"))
         put(self, "fast_rate", _rate(self.fast_rate, "fast_rate"))
         put(self, "fold_read_rate", _rate(self.fold_read_rate, "fold_read_rate"))
+
         if self.cache_size < 1 << 20:
             raise ValueError(f"cache_size must be at least 1MiB, got {self.cache_size}")
         if self.post_cache_rate < 1 << 20:
             raise ValueError(f"post_cache_rate must be at least 1MiB/s, got "
                              f"{self.post_cache_rate:.0f}")
-        if not 0 < self.drain_rate <= self.post_cache_rate:
-            raise ValueError(f"drain_rate must be positive and at most post_cache_rate "
-                             f"({self.post_cache_rate:.0f} B/s), got {self.drain_rate:.0f}")
-        if self.fast_rate and self.fast_rate <= self.post_cache_rate:
+        if not self.drain_rate > 0:
+            raise ValueError(f"drain_rate must be positive, got {self.drain_rate:.0f}")
+        if self.fast_rate and self.fast_rate <= max(self.post_cache_rate, self.drain_rate):
             raise ValueError("fast_rate must be 0 (the real drive's speed) or above "
-                             "post_cache_rate")
+                             "post_cache_rate and drain_rate")
+        if self.hysteresis_share is not None and not 0 < self.hysteresis_share < 1:
+            raise ValueError(f"hysteresis_share must be in (0, 1), got "
+                             f"{self.hysteresis_share!r}")
 
     @property
     def hysteresis(self) -> float:
-        """Bytes folding must free before the drive leaves the cliff: 2% of the cache, at
-        least a quarter second of folding."""
-        return max(0.02 * self.cache_size, 0.25 * self.drain_rate)
+        """Bytes folding must free before the drive leaves the cliff."""
+        if self.hysteresis_share is not None:
+            return self.hysteresis_share * self.cache_size
+        return min(max(0.02 * self.cache_size, 0.25 * self.drain_rate), 0.5 * self.cache_size)
 
     def to_dict(self) -> Dict[str, float]:
         return dataclasses.asdict(self)
@@ -95,7 +105,8 @@ class DriveSettings:
                 if self.fold_read_rate else "reads not held back")
         return (f"SLC cache {format_size(self.cache_size)}, writes at {fast} until full, then "
                 f"{format_size(self.post_cache_rate)}/s; folds "
-                f"{format_size(self.drain_rate)}/s; {held}")
+                f"{format_size(self.drain_rate)}/s, leaves the cliff "
+                f"{format_size(self.hysteresis)} below full; {held}")
 
 
 # Shapes of real dense drives, as shares of their cache-fresh sequential write rate (the seeds'
@@ -138,13 +149,15 @@ def profile_settings(name: str, write_rate: float, **overrides: Size) -> DriveSe
     return DriveSettings(**fields)
 
 
-# The range random_settings draws from (uniformly), as shares of the fast rate like PROFILES; it
-# spans both profiles and beyond: post-cache 20-45% of fast (plc 25%, qlc 38%), 0.8-1.8 s of
-# fast writing in the cache, folding at 60-100% of the post-cache rate (the profiles fold at
-# 100%), reads held to 2-5% of fast in the cliff.
+# The family random_settings draws from (uniformly), as shares of the fast rate like PROFILES; it
+# spans both profiles and the behaviours real dense drives show beyond them: post-cache 15-45%
+# of fast (plc 25%, qlc 38%); 0.15-2.5 s of fast writing in the cache (a few hundred MiB to
+# several GiB on a drive writing a few GB/s); idle folding at 50-160% of the post-cache rate
+# (slower than writing in the cliff, or faster: the profiles fold at 100%); the cliff left only
+# once 2-25% of the cache is free again; reads held to 2-5% of fast in the cliff.
 RANDOM_RANGES: Dict[str, Tuple[float, float]] = {
-    "post_cache": (0.20, 0.45), "cache_seconds": (0.8, 1.8), "drain_share": (0.6, 1.0),
-    "fold_read": (0.02, 0.05)}
+    "post_cache": (0.15, 0.45), "cache_seconds": (0.15, 2.5), "drain_share": (0.5, 1.6),
+    "hysteresis_share": (0.02, 0.25), "fold_read": (0.02, 0.05)}
 
 
 def random_settings(write_rate: float, rng: random.Random) -> DriveSettings:
@@ -153,9 +166,11 @@ def random_settings(write_rate: float, rng: random.Random) -> DriveSettings:
     fast = _fast_rate(write_rate)
     draw = {name: rng.uniform(lo, hi) for name, (lo, hi) in RANDOM_RANGES.items()}
     post = draw["post_cache"] * fast
-    return DriveSettings(cache_size=int(draw["cache_seconds"] * fast), post_cache_rate=post,
+    cache = int(draw["cache_seconds"] * fast)
+    return DriveSettings(cache_size=cache, post_cache_rate=post,
                          drain_rate=draw["drain_share"] * post, fast_rate=fast,
-                         fold_read_rate=draw["fold_read"] * fast)
+                         fold_read_rate=draw["fold_read"] * fast,
+                         hysteresis_share=draw["hysteresis_share"])
 
 
 @dataclasses.dataclass
@@ -174,12 +189,22 @@ class CacheModel:
 
     def step(self, written: float, seconds: float) -> CacheState:
         s, st = self.settings, self.state
-        st.fill = min(float(s.cache_size), drained(st.fill + written, s.drain_rate, seconds))
+        st.fill = min(float(s.cache_size), drained(st.fill + written, self.fold_rate(
+            written, seconds), seconds))
         if not st.cliff and st.fill >= s.cache_size * 0.999:
             st.cliff = True
         elif st.cliff and st.fill <= s.cache_size - s.hysteresis:
             st.cliff = False
         return st
+
+    def fold_rate(self, written: float, seconds: float) -> float:
+        """Bytes/s folded over a step that wrote ``written`` bytes: the drain rate, but in the
+        cliff no faster than the post-cache rate while written at it (in proportion below)."""
+        s = self.settings
+        if not self.state.cliff or s.drain_rate <= s.post_cache_rate or seconds <= 0:
+            return s.drain_rate
+        busy = min(1.0, written / seconds / s.post_cache_rate)
+        return s.drain_rate - (s.drain_rate - s.post_cache_rate) * busy
 
     def write_limit(self) -> float:
         """Bytes/s writes may run at now (0: unlimited). Before the cliff the limit tapers so
