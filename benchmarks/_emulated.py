@@ -71,7 +71,7 @@ from flashstream.emulation import (
     random_settings,
 )
 from flashstream.sizes import format_size, parse_size
-from flashstream.telemetry import write_model
+from flashstream.telemetry import write_learning
 from flashstream.telemetry.fio import fio_available
 
 # In this order: none is the SLO's baseline, fio-paced takes auto's pace.
@@ -133,7 +133,7 @@ def run(args) -> int:
     root = args.dir / f"emulated-{args.emulate}"
     root.mkdir(parents=True, exist_ok=True)
     info = _bench.environment(args.dir)
-    write_rate = write_model.drive_write_rate(args.dir)  # the real drive's (its own cache)
+    write_rate = write_learning.drive_write_rate(args.dir)  # the real drive's (its own cache)
     # From here on the write model is the emulated drive's: a cache directory of its own.
     os.environ["XDG_CACHE_HOME"] = str(root / "model-cache")
     shutil.rmtree(root / "model-cache", ignore_errors=True)
@@ -207,7 +207,7 @@ def learn(directory: Path, settings: DriveSettings) -> Dict[str, object]:
     with DriveEmulator(directory, settings) as drive, tqdm(
             desc="learning the write model", total=3, leave=False, disable=None) as bar:
         drive.add_process()
-        model = write_model.learn_sustained(directory, size,
+        model = write_learning.learn_sustained(directory, size,
                                             progress=lambda _m: bar.update(1))
     errors = {
         "cache_size": model.cache_size / settings.cache_size - 1 if model.cache_size else None,

@@ -52,7 +52,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         result = probe(args.path, config=config, engine_kind=args.engine, refresh=args.refresh,
                        progress=lambda step: bar.set_postfix_str(step))
     if args.sustained:
-        from .telemetry.write_model import learn_sustained
+        from .telemetry.write_learning import learn_sustained
 
         model = learn_sustained(args.path, args.sustained)
     else:
@@ -61,7 +61,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         model = load_model(args.path)
     if args.json:
         out = result.to_dict()
-        out["write_model"] = {k: v for k, v in vars(model).items() if k != "path"}
+        out["write_model"] = model.to_dict()
         print(json.dumps(out, indent=2))
     else:
         print(result.format_table())

@@ -16,11 +16,13 @@ import torch
 from flashstream import CheckpointWriter, engine, load_checkpoint
 from flashstream.checkpoint.pacing import CachePlanner, PlanSettings
 from flashstream.emulation import DriveSettings, throttle_support
+from flashstream.telemetry.cliff import find_cliff
+from flashstream.telemetry.write_learning import learn_from_save
 from flashstream.telemetry.write_model import (
+    MEASURED,
+    PARAMETERS,
     WriteModel,
     drained,
-    find_cliff,
-    learn_from_save,
     load_model,
 )
 
@@ -85,7 +87,8 @@ def test_the_cache_estimate_starts_from_what_the_last_save_left():
     full = CachePlanner(total=100 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB,
                         fill=900 * MiB)
     assert full.rate() == pytest.approx(90 * MiB)  # no headroom left: sustain
-    model = WriteModel("x", cache_size=1000 * MiB, post_cache_rate=100 * MiB)
+    model = WriteModel("x", cache_size=1000 * MiB, post_cache_rate=100 * MiB,
+                       drain_rate=100 * MiB)
     model.set_fill(900 * MiB, when=time.time() - 5)
     assert model.fill_at() == pytest.approx(400 * MiB, rel=0.01)  # 5 s at 100 MiB/s
 
@@ -129,7 +132,8 @@ def test_a_late_save_whose_rest_fits_the_headroom_is_no_conflict():
 
 
 def test_writes_since_the_estimate_fill_the_cache_as_a_slower_drain_would():
-    model = WriteModel("x", cache_size=1000 * MiB, post_cache_rate=100 * MiB)
+    model = WriteModel("x", cache_size=1000 * MiB, post_cache_rate=100 * MiB,
+                       drain_rate=100 * MiB)
     model.set_fill(400 * MiB, when=time.time() - 5)
     assert model.fill_at(written=300 * MiB) == pytest.approx(200 * MiB, rel=0.01)
     assert model.fill_at(written=5000 * MiB) == 1000 * MiB  # capped at the cache
@@ -173,7 +177,7 @@ def test_the_refined_cliff_never_falls_inside_the_stall_before_it(hold):
     again inside it while the drive folds: the line fitted after the hold lies low, and the
     two lines used to meet inside the first stall, at a negative byte count (-0.16 GB here).
     The cliff then stays where the first slow interval put it."""
-    from flashstream.telemetry.write_model import _refined
+    from flashstream.telemetry.cliff import _refined
 
     width, fast, slow = 0.02, 1e9, 0.6e9
     rates = [0.0] * 15 + [fast] * 4 + [0.0] * (hold // 2) + [slow] * (hold - hold // 2 + 30)
@@ -202,7 +206,7 @@ def test_a_stall_inside_the_cliff_does_not_bend_the_refined_cliff(stall_at, nois
     which the drive writes fast for what it folded meanwhile. The line fitted after the cliff
     ran through the stall and its comeback and put the cliff 7-16% of the cache early; the
     first slow interval stands instead."""
-    import flashstream.telemetry.write_model as wm
+    import flashstream.telemetry.cliff as wm
 
     fast, slow, width, rng = 1.2e9, 0.4e9, 0.02, random.Random(7)
     rates, owed = [], 0.0
@@ -226,14 +230,14 @@ def test_a_stall_inside_the_cliff_does_not_bend_the_refined_cliff(stall_at, nois
 def test_the_throttles_slices_are_not_a_stall():
     """In its cliff the emulated drive writes in bursts every 100 ms (the block-I/O throttle's
     slice), with up to three empty 20 ms intervals between them: not a stall."""
-    from flashstream.telemetry.write_model import _intervals, _stalled
+    from flashstream.telemetry.cliff import _stalled, intervals
 
     for slice_ in ([0.68e9, 1.26e9, 0.37e9, 0.0, 0.0], [1.5e9, 0.0, 0.0, 0.0, 0.9e9]):
         burst = slice_ * 30  # the second has more empty intervals than not: its median is 0
-        assert not _stalled(_intervals(_timeline(burst, 0.02)))
+        assert not _stalled(intervals(_timeline(burst, 0.02)))
         stalled = burst[:50] + [0.0] * 10 + burst[50:]  # 0.2 s of nothing
-        assert _stalled(_intervals(_timeline(stalled, 0.02)))
-        assert not _stalled(_intervals(_timeline(burst[:50] + [0.0] * 7 + burst[50:], 0.02)))
+        assert _stalled(intervals(_timeline(stalled, 0.02)))
+        assert not _stalled(intervals(_timeline(burst[:50] + [0.0] * 7 + burst[50:], 0.02)))
 
 
 @pytest.mark.parametrize("drain_share", [0.6, 1.0])
@@ -243,7 +247,7 @@ def test_a_refill_reaches_the_cliff_again_and_stays_in_it_for_the_hold(drain_sha
     a full cache, a refill is long enough to meet the cliff and spend find_cliff's half-second
     hold in it, whatever the drive folds at (up to its post-cache rate)."""
     from flashstream.emulation import CacheModel
-    from flashstream.telemetry.write_model import _refill_size
+    from flashstream.telemetry.write_learning import _refill_size
 
     fast, post = 200e6, 80e6  # a cache no gap here drains empty (an empty one is no reading)
     model = CacheModel(DriveSettings(cache_size=1 << 30, post_cache_rate=post,
@@ -433,7 +437,7 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
     probe recovers them, then saves 1.2 x the cache, each due before the next one (they
     average 85% of the drain rate), never enter the cliff."""
     from flashstream.emulation import DriveEmulator
-    from flashstream.telemetry.write_model import learn_sustained
+    from flashstream.telemetry.write_learning import learn_sustained
 
     # A new draw each run; FLASHSTREAM_TEST_SEED replays one (the seed is in every message).
     seed = int(os.environ.get("FLASHSTREAM_TEST_SEED") or random.randrange(1 << 32))
@@ -533,6 +537,8 @@ def test_auto_counts_another_writer_on_the_drive_and_stays_out_of_the_cliff(tmp_
         model = load_model(directory)  # the emulated drive's, as a probe would have left it
         model.cache_size, model.post_cache_rate = settings.cache_size, settings.post_cache_rate
         model.drain_rate, model.fast_rate = settings.drain_rate, settings.fast_rate
+        for name in PARAMETERS:
+            model.note(name, MEASURED, "test")
         model.save()
         other = threading.Thread(target=_write_steadily, args=(tmp_path / "other", others, stop))
         other.start()

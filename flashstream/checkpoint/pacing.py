@@ -21,9 +21,8 @@ second). Without the counter, only this save's bytes are counted.
 - ``read_slo`` (a p95 in seconds for reads on the same drive) lowers the rate while reads miss
   it and raises it back while they meet it, never below what the deadline needs.
 
-A controller thread (:class:`SaveController`) runs the planner every ``tick`` seconds against
-the write's progress (an ``engine.RateControl``) and notices a cliff the model did not predict
-(throughput far below the pace for half a second): it then takes the cache as full.
+A controller thread (checkpoint/save_control.py) runs the planner every ``tick`` seconds
+against the write's progress.
 """
 
 from __future__ import annotations
@@ -31,16 +30,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import threading
-import time
 from typing import List, Optional, Tuple
 
-from .. import engine
-from ..telemetry.diskstats import disk_bytes_written
-from ..telemetry.read_latency import ReadLatencyMonitor
-from ..telemetry.write_model import WriteModel, drained
+from ..telemetry.write_model import drained
 
-__all__ = ["DEADLINE_POLICIES", "CachePlanner", "PlanSettings", "SaveController", "plan_save"]
+__all__ = ["DEADLINE_POLICIES", "CachePlanner", "PlanSettings"]
 
 log = logging.getLogger(__name__)
 DEADLINE_POLICIES = ("avoid-cliff", "meet-deadline")
@@ -169,116 +163,3 @@ class CachePlanner:
         if excess <= 0:
             return 0.0  # all of it fits in the headroom
         return max(sustained, self.drain * remaining / excess)
-
-
-class SaveController:
-    """Runs a :class:`CachePlanner` against one write in flight (a thread)."""
-
-    def __init__(self, planner: CachePlanner, *, read_slo: Optional[float] = None,
-                 disk: Optional[str] = None, tick: float = 0.05, min_rate: float = 16 << 20,
-                 fast_rate: Optional[float] = None) -> None:
-        self.planner, self.read_slo, self.tick = planner, read_slo, tick
-        self.min_rate = min_rate
-        self.fast_rate = fast_rate
-        self.control = engine.RateControl()
-        self.control.rate = planner.rate()
-        self.monitor = ReadLatencyMonitor(disk) if read_slo else None
-        self.disk = disk
-        self._disk0: Optional[int] = None  # the drive's written bytes when the save began
-        self.cliffs = 0
-        self.slo_misses = 0
-        self.conflicted = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flashstream-pacing",
-                                        daemon=True)
-
-    def __enter__(self) -> SaveController:
-        self._t0 = time.perf_counter()
-        self._disk0 = disk_bytes_written(self.disk)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        # The bytes since the last tick: the estimate the model keeps ends with the write.
-        self.planner.advance(float(self.control.done), time.perf_counter() - self._t0,
-                             self._disk_written())
-
-    def _run(self) -> None:
-        # (elapsed, done, pace, the drive's bytes from every writer) over the last half second
-        planner, recent = self.planner, []
-        slo_every, next_slo = max(self.tick, 0.25), 0.0
-        while not self._stop.wait(self.tick):
-            elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
-            planner.advance(done, elapsed, self._disk_written())
-            recent = [r for r in recent if elapsed - r[0] <= 0.5] + [
-                (elapsed, done, self.control.rate, planner.written)]
-            if self._cliff_seen(recent):
-                self.cliffs += 1
-                # What the drive wrote in the cliff from every writer: the save's own share
-                # already has the others' taken out, and the drain takes it out again.
-                planner.saturate((recent[-1][3] - recent[0][3]) / (recent[-1][0] - recent[0][0]))
-                recent = recent[-1:]
-            if self.monitor is not None and elapsed >= next_slo:
-                next_slo = elapsed + slo_every
-                self._follow_slo(self.monitor.p95())
-            pace = planner.rate()
-            if planner.conflict and not self.conflicted:
-                self.conflicted = True
-                log.warning("flashstream: this checkpoint cannot finish by its deadline without "
-                            "filling the drive's write cache; policy %r",
-                            planner.settings.deadline_policy)
-            self.control.rate = pace
-
-    def _disk_written(self) -> Optional[float]:
-        """Bytes the drive completed since the save began, from every writer (None: unknown)."""
-        now = disk_bytes_written(self.disk) if self._disk0 is not None else None
-        return None if now is None else float(now - self._disk0)
-
-    def _cliff_seen(self, recent) -> bool:
-        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.45:
-            return False
-        achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
-        # What the pacing allowed over the window: each tick's pace, or the drive's own rate
-        # where unpaced (a window that went from unpaced to a slow pace is not a cliff).
-        fast = self.fast_rate or 0.0
-        paces = [r[2] if r[2] > 0 else fast for r in recent[1:]]
-        expected = min(paces) if paces and min(paces) > 0 else 0.0
-        fill, cache = self.planner.fill, self.planner.cache_size
-        if fill >= cache or fill < 0.5 * cache:
-            return False  # already counted as full; or too empty for a slowdown to be its cliff
-        return expected > 0 and achieved < 0.5 * expected
-
-    def _follow_slo(self, p95: Optional[float]) -> None:
-        if p95 is None or self.read_slo is None:
-            return
-        planner = self.planner
-        current = self.control.rate or self.fast_rate or planner.recovery * 4
-        if p95 > self.read_slo:
-            self.slo_misses += 1
-            planner.slo_cap = max(self.min_rate, 0.7 * current)
-        elif planner.slo_cap is not None:
-            raised = planner.slo_cap * 1.1
-            planner.slo_cap = None if self.fast_rate and raised >= self.fast_rate else raised
-
-
-def plan_save(model: WriteModel, *, total: int, within: Optional[float],
-              settings: PlanSettings, read_slo: Optional[float], disk: Optional[str],
-              lead: float, min_rate: float,
-              written_since: float = 0.0) -> Optional[SaveController]:
-    """The controller of one save from the drive's model; None when the model knows too little
-    (no cliff seen, and no write this large seen without one): that save learns, with the
-    adaptive cliff detector. ``written_since``: bytes the drive took from anything else since
-    the model's fill estimate (``WriteModel.fill_at``)."""
-    if model.has_cliff:
-        cache, recovery = float(model.cache_size), float(model.recovery_rate)
-    elif model.cliff_free >= total:
-        cache, recovery = math.inf, float(model.fast_rate or math.inf)
-    else:
-        return None
-    planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
-                           fill=model.fill_at(written=written_since), deadline=within,
-                           settings=settings, lead=lead)
-    return SaveController(planner, read_slo=read_slo, disk=disk, min_rate=min_rate,
-                          fast_rate=model.fast_rate)

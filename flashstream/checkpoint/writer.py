@@ -9,7 +9,6 @@ the directory protocol and format.py for the file format).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import logging
@@ -21,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -32,12 +31,14 @@ from ..sizes import parse_size
 from ..telemetry.device import device_of, online_discard
 from ..telemetry.diskstats import disk_bytes_written
 from ..telemetry.histogram import LatencyHistogram
-from ..telemetry.write_model import WriteModel, learn_from_save, load_model
+from ..telemetry.write_model import WriteModel, load_model
 from .config import WriterConfig
+from .drive_learning import DriveLearner
 from .format import FORMAT_VERSION, HEADER_ALIGNMENT, Layout, assemble, header_bytes, plan
-from .pacing import PlanSettings, SaveController, plan_save
+from .pacing import PlanSettings
 from .relayout import Plan, relayout
 from .report import SaveReport
+from .save_control import plan_save
 from .staging import StagingBuffer, lost_tensors, snapshot
 from .store import (
     StepDir,
@@ -261,6 +262,7 @@ class CheckpointWriter:
             self._lock_file.release()
             raise
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
+        self.learner = DriveLearner(self.directory, self._executor)  # rate="auto"
         self._pending: Optional[SaveHandle] = None
         self._plan: Optional[Plan] = planned  # the last save's layout, for the next (relayout.py)
         self._lock = threading.Lock()
@@ -292,6 +294,7 @@ class CheckpointWriter:
             raise ValueError("save() on a closed CheckpointWriter")
         step = _step_number(step)
         started = time.perf_counter()
+        self.learner.interrupt()  # a refill measurement after the last save ends now
         previous = self._pending
         if previous is not None and not previous.done():
             if self.config.if_busy == "skip":
@@ -354,7 +357,6 @@ class CheckpointWriter:
         tmp = step_dir.temp_file(self.rank, self.world_size)
         capacity = -(-layout.file_size // self._staging.alignment) * self._staging.alignment
         rate = cfg.pacing(layout.data_size)
-        adaptive = dataclasses.asdict(cfg.adaptive) if cfg.rate == "auto" else None
         model = load_model(self.directory) if cfg.rate == "auto" else None
         written_since = self._written_since(model)
         controller = None if model is None else plan_save(
@@ -363,9 +365,8 @@ class CheckpointWriter:
             disk=self._disk(), lead=cfg.chunk_size * cfg.queue_depth,
             min_rate=cfg.adaptive.min_rate, written_since=written_since)
         if controller is not None:
-            adaptive, rate = None, 0.0  # the model's plan sets the pace
-        start_fill = controller.planner.fill if controller else (
-            model.fill_at(written=written_since) if model else 0)
+            rate = 0.0  # the controller sets the pace
+        start_fill = model.fill_at(written=written_since) if model else 0.0
         # A pruned checkpoint's file, written over: no blocks to allocate, none to discard.
         recycled = cfg.recycle and claim_spare(self.directory, self.rank, tmp)
         try:
@@ -380,16 +381,16 @@ class CheckpointWriter:
         counted_disk = self._disk() if out.direct else None
         if controller is not None:
             controller.disk = counted_disk
-        write_start = time.perf_counter()
+        write_start, began = time.perf_counter(), time.time()
         try:
             with controller or contextlib.nullcontext():
                 data = out.write(self._staging.view(layout.header_size, capacity),
                                  layout.header_size, chunk_size=cfg.chunk_size,
-                                 queue_depth=cfg.queue_depth, rate=rate, adaptive=adaptive,
+                                 queue_depth=cfg.queue_depth, rate=rate,
                                  crc_bounds=layout.segment_bounds(), interval=cfg.interval,
                                  control=controller.control if controller else None,
                                  paced_chunk_size=cfg.paced_chunk_size)
-            ended, data_end = time.time(), time.perf_counter()
+            ended, data_end, full_at = time.time(), time.perf_counter(), time.monotonic()
             if model is not None:  # what the drive takes from here on fills the next estimate
                 self._disk_mark = (ended, disk_bytes_written(counted_disk))
             header = header_bytes(layout, data["crcs"])
@@ -415,8 +416,10 @@ class CheckpointWriter:
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
         if model is not None:
-            report.pacing = self._learn(model, controller, data, capacity, start_fill, ended,
-                                        written_since)
+            report.pacing = self.learner.learn(
+                model, controller, data, total=capacity, start_fill=start_fill, ended=ended,
+                written_since=written_since, began=began, full_at=full_at,
+                deadline=cfg.within)
             self._tail_s = time.perf_counter() - data_end - self._prune_s
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
@@ -457,29 +460,6 @@ class CheckpointWriter:
             except OSError:
                 self._disk_name = ""
         return self._disk_name or None
-
-    def _learn(self, model: WriteModel, controller: Optional[SaveController], data: dict,
-               total: int, start_fill: float, ended: float,
-               written_since: float) -> Dict[str, object]:
-        """Refresh the drive's write model from this save; what the pacing did."""
-        planner = controller.planner if controller else None
-        try:
-            cliff = learn_from_save(model, data["timeline"], total=total, start_fill=start_fill,
-                                    end_fill=planner.fill if planner else None, ended=ended)
-        except OSError as exn:  # the model is a cache: never fail a committed save over it
-            log.warning("flashstream: could not update the drive's write model: %s", exn)
-            cliff = None
-        return {"plan": "model" if controller else "learning", "start_fill": start_fill,
-                "end_fill": model.fill, "cliff_at_s": cliff.seconds if cliff else None,
-                "cliffs_seen": controller.cliffs if controller else None,
-                "deadline_conflict": controller.conflicted if controller else None,
-                "slo_misses": controller.slo_misses if controller else None,
-                "deadline_s": self.config.within,
-                "write_within_s": planner.deadline if planner else None,
-                # Bytes the drive took from other writers, counted into the cache estimate:
-                # since the last save (from start_fill's estimate on), and during this one.
-                "others_before_bytes": written_since,
-                "others_during_bytes": planner.written - planner.done if planner else None}
 
     def _finish_step(self, step_dir: StepDir, file_size: int) -> None:
         """Rank 0: once every rank's marker is there, point ``latest`` at it and prune."""
@@ -532,6 +512,7 @@ class CheckpointWriter:
         if self._closed:
             return
         self._closed = True
+        self.learner.interrupt()
         try:
             self._executor.shutdown(wait=True)
             self._remove_spares()

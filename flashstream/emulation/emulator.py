@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Union
 from ..sizes import Size
 from ..telemetry.device import device_of
 from ..telemetry.probe import EMULATED_DRIVE_ENV
-from ..telemetry.write_model import drive_write_rate
+from ..telemetry.write_learning import drive_write_rate
 from .cgroup import ThrottleGroup
 from .model import CacheModel, DriveSettings, profile_settings
 

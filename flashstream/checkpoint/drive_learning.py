@@ -1,0 +1,104 @@
+"""What ``rate="auto"`` learns of the drive from each save, and the measurement after a save
+that measured it (checkpoint/save_control.py).
+
+Every save refreshes the drive's write model from its own timeline
+(``telemetry.write_learning.learn_from_save``: rates only from stretches the drive set). A save
+that met its cliff while measuring wrote on in it unpaced, so the drive's cache was full when
+its data ended: the writer's thread then refills the cache twice, after idle gaps, with new
+files it removes (``learn_after_save``), which gives the recovery rate and, with it, the cache
+size. That runs after the save's commit, and a new save interrupts it (its write waits for the
+refill in progress, a second or so, not for the rest).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Executor
+from typing import Any, Dict, List, Optional
+
+from ..telemetry.write_learning import learn_after_save, learn_from_save
+from ..telemetry.write_model import WriteModel, drained
+from .save_control import UNPREDICTED_CLIFF, SaveController
+
+__all__ = ["DriveLearner"]
+
+log = logging.getLogger(__name__)
+
+
+class DriveLearner:
+    """The learning side of one CheckpointWriter (see the module docstring). ``measurements``:
+    one dict per refill measurement run (for reports and benchmarks)."""
+
+    def __init__(self, directory: os.PathLike, executor: Executor) -> None:
+        self.directory = directory
+        self._executor = executor
+        self._stop = threading.Event()
+        self.measurements: List[Dict[str, object]] = []
+
+    def interrupt(self) -> None:
+        """A save or close() is waiting: end a refill measurement at its next step."""
+        self._stop.set()
+
+    def learn(self, model: WriteModel, controller: SaveController, data: dict, *, total: int,
+              start_fill: float, ended: float, written_since: float, began: float,
+              full_at: float, deadline: Optional[float]) -> Dict[str, object]:
+        """Refresh the drive's write model from this save (and start the refills after it
+        where it measured the drive); what the pacing did, for the report. ``began`` /
+        ``ended``: time.time() when the data write began and ended; ``full_at``:
+        time.monotonic() when it ended."""
+        planner = controller.planner
+        prior = (model.fill, model.fill_time)
+        if controller.measuring == UNPREDICTED_CLIFF and model.drain_rate is not None:
+            # The drive contradicted the model: until the refills measure the drain again, it
+            # is assumed at the safe end.
+            model.drain_rate = None
+            model.evidence.pop("drain_rate", None)
+        measuring = controller.measuring is not None
+        try:
+            cliff = learn_from_save(model, data["timeline"], total=total, start_fill=start_fill,
+                                    end_fill=planner.fill if planner and not measuring else None,
+                                    ended=ended)
+        except OSError as exn:  # the model is a cache: never fail a committed save over it
+            log.warning("flashstream: could not update the drive's write model: %s", exn)
+            cliff = None
+        if measuring and cliff is not None:
+            def fill_then(drain: float) -> float:
+                """The fill this save began from, by the drain the refills measure."""
+                if not prior[1]:
+                    return 0.0  # nothing known before: a drive seen for the first time
+                return drained(prior[0] + written_since, drain, began - prior[1])
+
+            self._stop = stop = threading.Event()
+            self._executor.submit(self._refill, model, cliff, fill_then, full_at, total, stop)
+        return {"plan": "measure" if planner is None else "model",
+                "measured": controller.measuring,
+                "measured_from_s": controller.measured_from,
+                "start_fill": start_fill, "end_fill": model.fill,
+                "cliff_at_s": cliff.seconds if cliff else None,
+                "cliffs_seen": controller.cliffs,
+                "deadline_conflict": controller.conflicted if planner else None,
+                "slo_misses": controller.slo_misses,
+                "deadline_s": deadline,
+                "write_within_s": planner.deadline if planner else None,
+                # Bytes the drive took from other writers, counted into the cache estimate:
+                # since the last save (from start_fill's estimate on), and during this one.
+                "others_before_bytes": written_since,
+                "others_during_bytes": planner.written - planner.done if planner else None}
+
+    def _refill(self, model: WriteModel, cliff: Any, fill_then: Any, full_at: float,
+                cap: int, stop: threading.Event) -> None:
+        started = time.monotonic()
+        record: Dict[str, object] = {"started_s_after_save": started - full_at}
+        try:
+            drain = learn_after_save(model, self.directory, cliff=cliff, start_fill=fill_then,
+                                     full_at=full_at, cap=cap, stop=stop)
+        except OSError as exn:
+            log.warning("flashstream: could not measure the drive's recovery: %s", exn)
+            drain = None
+            record["error"] = str(exn)
+        record.update(drain_rate=drain, cache_size=model.cache_size, interrupted=stop.is_set(),
+                      seconds=time.monotonic() - started)
+        self.measurements.append(record)

@@ -1,0 +1,175 @@
+"""The controller thread of a ``rate="auto"`` save, and the plan it starts from.
+
+Every ``tick`` seconds it reads the write's progress (an ``engine.RateControl``) and the
+drive's written bytes, and sets the pace, in one of two modes:
+
+- **planning**: the :class:`~flashstream.checkpoint.pacing.CachePlanner`'s pace (lowered while
+  reads miss ``read_slo``), from the drive's write model;
+- **measuring**: unpaced, so that what the model learns is what the drive showed, not what a
+  pacer made it do. A save measures the drive
+  - from its start, where the model knows no cliff and no write this large without one (a
+    drive seen for the first time);
+  - from the moment its planned burst ends, where a figure of the model is not confirmed (never
+    measured, or measured longer than ``RECONFIRM_AFTER`` ago): the save then either meets the
+    cliff, measuring it, or shows the drive takes more than the model said;
+  - from a cliff the model did not predict (throughput far below the pace for half a second).
+
+  Written unpaced into its cliff, it leaves the drive's cache full; the writer then measures
+  the recovery rate with two refills (``telemetry.write_learning.learn_after_save``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import List, Optional, Sequence
+
+from .. import engine
+from ..telemetry.diskstats import disk_bytes_written
+from ..telemetry.read_latency import ReadLatencyMonitor
+from ..telemetry.write_model import WriteModel
+from .pacing import CachePlanner, PlanSettings
+
+__all__ = ["UNKNOWN_DRIVE", "UNPREDICTED_CLIFF", "SaveController", "plan_save"]
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_DRIVE = "no cliff known for a write this large"
+UNPREDICTED_CLIFF = "a cliff the model did not predict"
+
+
+class SaveController:
+    """Runs one save's pace against its write in flight (a thread; see the module docstring).
+
+    ``planner``: None where the save measures from its start. ``measuring``: why it does (None:
+    it plans). ``probe``: the model's unconfirmed figures; the save measures once its planned
+    burst ends."""
+
+    def __init__(self, planner: Optional[CachePlanner], *, read_slo: Optional[float] = None,
+                 disk: Optional[str] = None, tick: float = 0.05, min_rate: float = 16 << 20,
+                 fast_rate: Optional[float] = None, measuring: Optional[str] = None,
+                 probe: Sequence[str] = ()) -> None:
+        if planner is None and measuring is None:
+            raise ValueError("a save without a plan measures the drive: give measuring=")
+        self.planner, self.read_slo, self.tick = planner, read_slo, tick
+        self.min_rate = min_rate
+        self.fast_rate = fast_rate
+        self.measuring = measuring
+        self.probe: List[str] = list(probe)
+        self.measured_from: Optional[float] = 0.0 if measuring else None  # s into the write
+        self.control = engine.RateControl()
+        self.control.rate = 0.0 if planner is None or measuring else planner.rate()
+        self.monitor = ReadLatencyMonitor(disk) if read_slo else None
+        self.disk = disk
+        self._disk0: Optional[int] = None  # the drive's written bytes when the save began
+        self.cliffs = 0
+        self.slo_misses = 0
+        self.conflicted = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flashstream-pacing",
+                                        daemon=True)
+
+    def __enter__(self) -> SaveController:
+        self._t0 = time.perf_counter()
+        self._disk0 = disk_bytes_written(self.disk)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        # The bytes since the last tick: the estimate the model keeps ends with the write.
+        if self.planner is not None:
+            self.planner.advance(float(self.control.done), time.perf_counter() - self._t0,
+                                 self._disk_written())
+
+    def _measure(self, why: str, elapsed: float) -> None:
+        """From now on, write unpaced: the drive sets the pace, and the model learns it."""
+        self.measuring, self.measured_from = why, elapsed
+        self.control.rate = 0.0
+        log.info("flashstream: this checkpoint measures the drive from %.2f s: %s", elapsed,
+                 why)
+
+    def _run(self) -> None:
+        # (elapsed, done, pace, the drive's bytes from every writer) over the last half second
+        recent: list = []
+        slo_every, next_slo = max(self.tick, 0.25), 0.0
+        while not self._stop.wait(self.tick):
+            planner = self.planner
+            if self.measuring or planner is None:
+                continue  # unpaced to the end
+            elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
+            planner.advance(done, elapsed, self._disk_written())
+            recent = [r for r in recent if elapsed - r[0] <= 0.5] + [
+                (elapsed, done, self.control.rate, planner.written)]
+            if self._cliff_seen(recent):
+                self.cliffs += 1
+                self._measure(UNPREDICTED_CLIFF, elapsed)
+                continue
+            if self.probe and planner.fill + planner.lead >= planner.limit:
+                self._measure(f"the model's {', '.join(self.probe)} not confirmed", elapsed)
+                continue
+            if self.monitor is not None and elapsed >= next_slo:
+                next_slo = elapsed + slo_every
+                self._follow_slo(self.monitor.p95())
+            pace = planner.rate()
+            if planner.conflict and not self.conflicted:
+                self.conflicted = True
+                log.warning("flashstream: this checkpoint cannot finish by its deadline without "
+                            "filling the drive's write cache; policy %r",
+                            planner.settings.deadline_policy)
+            self.control.rate = pace
+
+    def _disk_written(self) -> Optional[float]:
+        """Bytes the drive completed since the save began, from every writer (None: unknown)."""
+        now = disk_bytes_written(self.disk) if self._disk0 is not None else None
+        return None if now is None else float(now - self._disk0)
+
+    def _cliff_seen(self, recent) -> bool:
+        """Throughput below half what the pacing allowed for half a second: the drive's cliff,
+        wherever the model put the cache's fill (a model that is wrong puts it anywhere)."""
+        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.45:
+            return False
+        achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+        # What the pacing allowed over the window: each tick's pace, or the drive's own rate
+        # where unpaced (a window that went from unpaced to a slow pace is not a cliff).
+        fast = self.fast_rate or 0.0
+        paces = [r[2] if r[2] > 0 else fast for r in recent[1:]]
+        expected = min(paces) if paces and min(paces) > 0 else 0.0
+        return expected > 0 and achieved < 0.5 * expected
+
+    def _follow_slo(self, p95: Optional[float]) -> None:
+        if p95 is None or self.read_slo is None or self.planner is None:
+            return
+        planner = self.planner
+        current = self.control.rate or self.fast_rate or planner.recovery * 4
+        if p95 > self.read_slo:
+            self.slo_misses += 1
+            planner.slo_cap = max(self.min_rate, 0.7 * current)
+        elif planner.slo_cap is not None:
+            raised = planner.slo_cap * 1.1
+            planner.slo_cap = None if self.fast_rate and raised >= self.fast_rate else raised
+
+
+def plan_save(model: WriteModel, *, total: int, within: Optional[float],
+              settings: PlanSettings, read_slo: Optional[float], disk: Optional[str],
+              lead: float, min_rate: float, written_since: float = 0.0,
+              now: Optional[float] = None) -> SaveController:
+    """The controller of one save from the drive's model (see the module docstring).
+    ``written_since``: bytes the drive took from anything else since the model's fill estimate
+    (``WriteModel.fill_at``)."""
+    common = dict(read_slo=read_slo, disk=disk, min_rate=min_rate, fast_rate=model.fast_rate)
+    if model.has_cliff:
+        cache, recovery = float(model.cache_size), float(model.recovery_rate)
+        probe = model.unconfirmed(now)
+    elif model.cliff_free >= total:
+        cache, recovery = math.inf, float(model.fast_rate or math.inf)
+        probe = []
+    else:
+        return SaveController(None, measuring=UNKNOWN_DRIVE, **common)
+    planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
+                           fill=model.fill_at(written=written_since), deadline=within,
+                           settings=settings, lead=lead)
+    return SaveController(planner, probe=probe, **common)

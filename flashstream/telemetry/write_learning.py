@@ -1,0 +1,332 @@
+"""Learning a drive's write model (telemetry/write_model.py) from what the drive showed.
+
+- :func:`learn_sustained` (``flashstream probe --sustained``): an unpaced write far past the
+  cliff, then two refills of the cache after idle gaps.
+- :func:`learn_from_save`: a checkpoint save's own timeline. A rate comes only from stretches
+  where the drive, not the writer's pacer, set the pace (:func:`~flashstream.telemetry.cliff.
+  drive_limited`): a paced stretch shows the pacer, and at most gives a lower bound.
+- :func:`learn_after_save`: after a save that measured the drive on purpose (the first on an
+  unknown drive, one that met a cliff its model did not predict, one whose model was stale:
+  checkpoint/pacing.py) and so left its cache full, two refills give the recovery rate.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+from ..sizes import Size, format_size, parse_size
+from .cliff import Cliff, Timeline, drive_limited, find_cliff, intervals, mean_rate
+from .probe import measure, new_file_write, preallocated_file
+from .write_model import (
+    ASSUMED,
+    LOWER_BOUND,
+    MEASURED,
+    WriteModel,
+    drained,
+    load_model,
+)
+
+__all__ = ["MIN_RATE_SECONDS", "drive_write_rate", "learn_after_save",
+           "learn_from_save", "learn_sustained", "measure_refills", "refill_drain"]
+
+#: A rate read off fewer seconds of the drive's own pace than this is a lower bound, not a
+#: measurement: the block-I/O throttle and the drive's own folding come in slices of up to a
+#: tenth of a second, so a few intervals can hold a stall or a burst.
+MIN_RATE_SECONDS = 0.5
+
+def drive_write_rate(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> float:
+    """The drive's new-file write bytes/s: remembered, else measured (a 1 GiB write, at most
+    3 s) and remembered."""
+    model = load_model(path, cache_dir)
+    if not model.fast_rate:
+        point = new_file_write(path, "1GiB", seconds=3.0)
+        model.fast_rate = point.bytes / point.seconds
+        model.sources.append("write")
+        model.observations += 1
+        model.save()
+    return float(model.fast_rate)
+
+
+
+def _point_timeline(point) -> List[Tuple[float, float, float]]:
+    """A ProbePoint's (end, GB/s) timeline as (end, bytes, unpaced)."""
+    out, start = [], 0.0
+    for end, gbps in point.timeline:
+        out.append((end, gbps * 1e9 * (end - start), 0.0))
+        start = end
+    return out
+
+
+# The sustained probe's request shape: small requests and a fine timeline, so that what is in
+# flight when the cliff comes (and counts as written before it) stays small beside the cache.
+_SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
+
+
+_MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill
+
+
+def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
+                    idle: Optional[float] = None, cache_dir: Optional[Path] = None,
+                    progress: Callable[[str], None] = lambda _m: None) -> WriteModel:
+    """Learns the drive's write model with sustained new-file writes.
+
+    The first writes ``size`` bytes unpaced: its speed before a cliff is the new-file rate, its
+    speed well after it the post-cache rate. Two more writes follow, each after an idle gap
+    (``idle`` seconds, default a fifth of the cache's drain time at the post-cache rate, at
+    most 15 s; then 3 x ``idle`` longer than the gap that gave the first reading) on a cache
+    the previous write left full (a refill slow from its start found the drive still folding:
+    it is repeated after twice the gap): each takes
+    ``drain_rate x (gap + its time to the cliff)`` bytes before its cliff, plus the same
+    detection lag, so the difference of the two gives the recovery rate, and with it the cache
+    size (the first write's bytes before its cliff, less what drained meanwhile).
+    Without a cliff in the first write the model records that ``size`` bytes went without
+    one. Assumes the cache is empty when it starts.
+    """
+    nbytes = parse_size(size, name="size")
+    model = load_model(directory, cache_dir)
+    progress(f"sustained write of {format_size(nbytes)}")
+    first, _, ended = _timed_write(directory, nbytes)
+    cliff = find_cliff(_point_timeline(first), unpaced=True)
+    model.sources.append("probe")
+    model.observations += 1
+    if cliff is None:
+        model.fast_rate = first.bytes / first.seconds
+        model.cliff_free = max(model.cliff_free, float(nbytes))
+        model.cache_size = model.post_cache_rate = model.drain_rate = None
+        model.set_fill(0.0)
+        model.save()
+        return model
+    post = cliff.rate or (first.bytes - cliff.bytes_before) / max(
+        1e-9, first.seconds - cliff.seconds)
+    model.fast_rate = cliff.fast_rate or cliff.bytes_before / max(cliff.seconds, 1e-9)
+    model.post_cache_rate = post
+    guess = max(cliff.bytes_before - post * cliff.seconds, float(64 << 20))
+    idle = min(_MAX_IDLE, 0.2 * guess / post) if idle is None else idle
+    refills, full = measure_refills(directory, fast=model.fast_rate, post=post, full_at=ended,
+                                    idle=idle, cap=nbytes, progress=progress)
+    model.drain_rate = refill_drain(refills, model.fast_rate)
+    if model.drain_rate is not None:
+        model.note("drain_rate", MEASURED, "probe")
+    else:
+        model.evidence.pop("drain_rate", None)
+    # Unmeasured, the drain stands at the post-cache rate here: the smaller cache (see
+    # _learn_cliff).
+    recovery = model.drain_rate if model.drain_rate is not None else post
+    model.cache_size = max(cliff.bytes_before - recovery * cliff.seconds, float(1 << 20))
+    model.note("cache_size", MEASURED if model.drain_rate is not None else LOWER_BOUND, "probe")
+    model.note("post_cache_rate", MEASURED if cliff.rate_seconds >= MIN_RATE_SECONDS
+               else LOWER_BOUND, "probe", cliff.rate_seconds)
+    model.cliff_free = 0.0
+    model.set_fill(model.cache_size if refills or full else 0.0)
+    model.save()
+    return model
+
+
+def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: float,
+                    full_at: float, idle: float, cap: int,
+                    progress: Callable[[str], None] = lambda _m: None,
+                    stop: Optional[threading.Event] = None
+                    ) -> Tuple[List[Tuple[float, float]], bool]:
+    """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
+    gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
+    bytes up to the cliff again. A refill slow from its first byte found the drive still
+    folding (one that leaves its cliff only once it has freed a margin): the same full cache is
+    back, so it is repeated after twice the gap. Returns the readings for
+    :func:`refill_drain` and whether the cache was left full. ``stop``: end early (between
+    writes) once set."""
+    refills: List[Tuple[float, float]] = []
+    wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
+    full, ended = True, full_at
+    while len(refills) < 2:
+        progress(f"idle {wait:.1f} s, then a write up to the cliff again")
+        pause = max(0.0, wait - (time.monotonic() - ended))
+        if stop is None:
+            time.sleep(pause)
+        elif stop.wait(pause):
+            break
+        refill = _refill_size(time.monotonic() - ended, fast, post)
+        point, began, written = _timed_write(directory, min(cap, refill))
+        gap, ended = began - ended, written
+        # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
+        # second half to give the post-cache rate the stall rule measures against.
+        again = find_cliff(_point_timeline(point))
+        # Slow from its first byte (below the midpoint of the two rates): the drive was still
+        # folding, as one that leaves its cliff only once it has freed a margin is after a
+        # short gap. The same full cache is back: a longer gap, not a reading.
+        slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
+        full = again is not None or slow
+        if again is not None:
+            refills.append((gap + again.seconds, again.bytes_before))
+            wait += apart  # not 4 x a retried gap: that could drain the whole cache
+        elif slow and wait < _MAX_IDLE:
+            wait = min(_MAX_IDLE, max(2 * wait, 0.25))
+        else:
+            break  # the cache drained completely (or never let go): no second reading
+        if stop is not None and stop.is_set():
+            break
+    return refills, full
+
+
+def refill_drain(refills: Sequence[Tuple[float, float]],
+                 fast: Optional[float]) -> Optional[float]:
+    """The recovery rate from refills of a full cache: ``(seconds since it was full until the
+    refill's cliff, bytes the refill wrote before it)``. Each took ``drain x seconds`` bytes,
+    plus the same detection lag, so the difference of two readings gives the rate; a single
+    reading gives it with the lag in (a little high). None without a usable reading. At most
+    95% of ``fast``: a drive that folds as fast as it writes has no cliff to plan around."""
+    usable = sorted((t, b) for t, b in refills if t > 0 and b > 0)
+    if len(usable) >= 2:
+        (t1, b1), (t2, b2) = usable[0], usable[-1]
+        if not (t2 > t1 and b2 > b1):
+            return None  # a longer gap that took no more bytes: noise, not a reading
+        rate = (b2 - b1) / (t2 - t1)
+    elif usable:
+        rate = usable[0][1] / usable[0][0]
+    else:
+        return None
+    cap = 0.95 * fast if fast else rate
+    return min(cap, max(rate, 1.0))
+
+
+def _refill_size(gap: float, fast: float, post: float) -> int:
+    """Bytes a refill writes after ``gap`` seconds idle on a cache left full. Folding at ``d``
+    frees ``d * gap``, and writing at ``fast`` fills it back after ``fast * d * gap / (fast -
+    d)`` bytes; the longest of these is at the fastest fold to expect: twice the post-cache
+    rate (drives fold faster idle than they write in the cliff, docs/emulation.md). A fifth
+    more for noise, then a second in the cliff for find_cliff's hold. (A refill sized from the
+    cache instead missed its cliff whenever the disk wrote slower than at the first write, and
+    the recovery rate fell back to an assumption.)"""
+    fold = min(2 * post, 0.9 * fast)
+    to_cliff = fast * fold * gap / (fast - fold)
+    return int(1.2 * to_cliff + post) + (32 << 20)
+
+
+def _timed_write(directory: Union[str, os.PathLike], nbytes: int):
+    """A sustained probe write: (its ProbePoint, time.monotonic() when it began, when its last
+    request completed; both a few milliseconds early, the probe's own setup before its clock
+    starts, the same for every write). Both leave out the file's preallocation and removal:
+    the drive folds through them as it does through idle time. Removing the first write's file
+    (3-4 x the cache) takes longer than removing a refill's: 0.1 s longer at test scale here,
+    1.2 s for 6 GB against 1.9 GB (online discard). Left out of the idle gaps, that difference
+    came off the gap difference the recovery rate is computed over (1.5-3 s), so the rate came
+    out low and the cache size, which subtracts it, high."""
+    with preallocated_file(directory, nbytes) as name:
+        began = time.monotonic()
+        point = measure(name, op="write", nbytes=nbytes, **_SHAPE)
+        # The last request's completion, not the end fsync's: the fold starts there.
+        ended = began + point.timeline[-1][0] if point.timeline else time.monotonic()
+        return point, began, ended
+
+
+def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
+                    start_fill: float, end_fill: Optional[float], ended: float
+                    ) -> Optional[Cliff]:
+    """Refreshes ``model`` from one save's write (its per-interval timeline) and saves it.
+
+    ``start_fill`` is the cache estimate the save started from, ``end_fill`` the planner's
+    estimate at its end (None: no planner ran; estimated here), ``ended`` the time.time() the
+    write ended. A cliff in the timeline gives the cache size (the bytes before it, plus the
+    fill it started from, less what drained meanwhile) and, where the drive set the pace for
+    long enough after it, the post-cache rate (else at most a raised lower bound); a save
+    without one raises the cache size to at least the most the cache held during it.
+    """
+    rows = intervals(timeline)
+    unpaced = [r for r in rows if r[3] <= 0]
+    cliff = find_cliff(timeline)
+    if unpaced and sum(r[1] - r[0] for r in unpaced) >= 1.0 and cliff is None:
+        model.fast_rate = mean_rate(unpaced)
+    elif cliff is not None and cliff.fast_rate:
+        model.fast_rate = cliff.fast_rate
+    model.sources.append("save")
+    model.observations += 1
+    if cliff is not None:
+        _learn_cliff(model, rows, cliff, start_fill=start_fill, ended=ended,
+                     end_fill=end_fill)
+    elif model.has_cliff:
+        # The most the cache held, by the model's own drain: the model's size is at least that.
+        # Only an unpaced save says so: a planned one stays below the size by construction,
+        # and where it did not, its fill estimate (drifting with the drain's error from save
+        # to save) is no evidence of a larger cache.
+        recovery = model.recovery_rate
+        held, peak = start_fill, start_fill
+        for start, end, bps, _pace in rows:
+            held = drained(held + bps * (end - start), recovery or 0.0, end - start)
+            peak = max(peak, held)
+        if unpaced and len(unpaced) == len(rows) and peak > (model.cache_size or 0.0):
+            model.cache_size = peak
+        fill = held if end_fill is None else end_fill
+        model.set_fill(fill, ended)
+    elif rows and all(r[3] <= 0 for r in rows):
+        # Only an unpaced write says the drive takes this much without a cliff: a paced one
+        # may have stayed below the rate at which the cache drains.
+        model.cliff_free = max(model.cliff_free, float(total))
+    model.save()
+    return cliff
+
+
+def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, ended: float,
+                 end_fill: Optional[float]) -> None:
+    """What a save's cliff teaches: the post-cache rate where the drive set the pace for long
+    enough (else a raised lower bound at most), and the cache size."""
+    if cliff.rate is not None and cliff.rate_seconds >= MIN_RATE_SECONDS:
+        model.post_cache_rate = cliff.rate
+        model.note("post_cache_rate", MEASURED, "save", cliff.rate_seconds)
+    else:
+        # The drive showed too little of its own pace (or none: a pacer held the cliff): at
+        # least what completed, never less than what is known.
+        seen = cliff.rate if cliff.rate is not None else mean_rate(
+            drive_limited([r for r in rows if r[0] >= cliff.seconds]))
+        if seen and (model.post_cache_rate is None or model.how("post_cache_rate") != MEASURED
+                     and seen > model.post_cache_rate):
+            model.post_cache_rate = seen
+            model.note("post_cache_rate", LOWER_BOUND, "save", cliff.rate_seconds)
+    # Bytes before the cliff = its size less what drained meanwhile. With the drain unknown,
+    # the post-cache rate stands for it here (the high end of what drives do: the smaller
+    # cache), where pacing assumes the low end (recovery_rate): both err safe.
+    drain = model.drain_rate if model.drain_rate is not None else (model.post_cache_rate or 0.0)
+    size = start_fill + cliff.bytes_before - drain * cliff.seconds
+    if size > 0:
+        model.cache_size = size
+        model.note("cache_size", MEASURED if model.how("drain_rate") == MEASURED
+                   else LOWER_BOUND, "save")
+    model.cliff_free = 0.0
+    fill = float(model.cache_size or 0.0)
+    model.set_fill(fill if end_fill is None else min(fill, end_fill), ended)
+
+
+def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, cliff: Cliff,
+                     start_fill: Callable[[float], float], full_at: float, cap: int,
+                     stop: Optional[threading.Event] = None) -> Optional[float]:
+    """After a save that met its cliff and wrote on in it unpaced (so it left the cache full at
+    ``full_at``, time.monotonic()): two refills of the cache (:func:`measure_refills`, new
+    files of at most ``cap`` bytes in ``directory``, removed after) give the recovery rate;
+    with it, the cache size from the save's ``cliff`` and the fill the save began from
+    (``start_fill(drain)``: it depends on the drain). Returns the recovery rate (None: not
+    measured; the model is unchanged then). ``stop``: give up between steps once set (a new
+    save is waiting)."""
+    if not (model.fast_rate and model.post_cache_rate):
+        return None
+    post = model.post_cache_rate
+    guess = max(float(model.cache_size or cliff.bytes_before), float(64 << 20))
+    refills, full = measure_refills(directory, fast=model.fast_rate, post=post,
+                                    full_at=full_at, idle=min(_MAX_IDLE, 0.2 * guess / post),
+                                    cap=cap, stop=stop)
+    drain = refill_drain(refills, model.fast_rate)
+    if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
+        model.note("drain_rate", ASSUMED, "learning save, no refill reading")
+        model.save()
+        return None
+    model.drain_rate = drain
+    model.note("drain_rate", MEASURED, "learning save")
+    size = start_fill(drain) + cliff.bytes_before - drain * cliff.seconds
+    if size > 0:
+        model.cache_size = size
+        model.note("cache_size", MEASURED, "learning save")
+    if full:
+        model.set_fill(float(model.cache_size or 0.0))
+    model.save()
+    return drain
