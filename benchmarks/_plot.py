@@ -170,7 +170,10 @@ def _rates(ax, name: str, result: Dict[str, object]) -> None:
     ax.set_xlabel("samples/s (median over rounds)")
     ax.set_title(f"{name}: samples/s reaching the loop, and CPU per GB", fontsize=10)
     ax.grid(alpha=0.3, axis="x")
-    ax.set_xlim(right=max(values, default=1) * 1.6)
+    ax.set_xlim(right=max(values, default=1) * 1.6)  # room for the labels beside the bars
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
 
 
 def _latency_cdf(ax, name: str, epoch: Optional[Dict[str, object]]) -> None:
