@@ -104,25 +104,32 @@ class ListCache:
         held until :meth:`release`, whatever happens meanwhile."""
         fetch: List[int] = []
         waits: List[Pending] = []
-        counts = self._counts
+        holds, state, protected = self._holds, self._state, self._protected
+        hits = 0
         with self._lock:
             for i in lists:
-                self._holds[i] += 1
-                state = self._state[i]
-                if state == _RESIDENT:
-                    counts["hits"] += 1
-                    self._touch(i)
-                elif state == _FETCHING:
-                    counts["shared"] += 1
+                holds[i] += 1
+                now = state[i]
+                if now == _RESIDENT:
+                    hits += 1
+                    if i in protected:
+                        protected.move_to_end(i)
+                    else:
+                        self._promote(i)
+                elif now == _FETCHING:
                     waits.append(self._pending[i])
                 else:
-                    counts["misses"] += 1
-                    self._state[i] = _FETCHING
+                    state[i] = _FETCHING
                     self._pending[i] = Pending()
                     self._resident += self._nbytes[i]
                     fetch.append(i)
-            self._make_room()
-            counts["peak_bytes"] = max(counts["peak_bytes"], self._resident)
+            counts = self._counts
+            counts["hits"] += hits
+            counts["shared"] += len(waits)
+            counts["misses"] += len(fetch)
+            if fetch:
+                self._make_room()
+                counts["peak_bytes"] = max(counts["peak_bytes"], self._resident)
         return fetch, waits
 
     def fetched(self, lists: List[int], error: Optional[BaseException] = None) -> None:
@@ -141,11 +148,13 @@ class ListCache:
     def release(self, lists: Iterable[int]) -> None:
         """The scan that held ``lists`` is over; lists over the budget may go now."""
         with self._lock:
+            holds, doomed = self._holds, self._doomed
             for i in lists:
-                self._holds[i] -= 1
-                if not self._holds[i] and i in self._doomed and self._state[i] == _RESIDENT:
+                holds[i] -= 1
+                if doomed and not holds[i] and i in doomed and self._state[i] == _RESIDENT:
                     self._evict(i)
-            self._make_room()
+            if self._resident > self.budget:
+                self._make_room()
 
     # -- the whole cache -------------------------------------------------------------------------
     def evict_all(self) -> int:
@@ -172,10 +181,8 @@ class ListCache:
                               **self._counts)
 
     # -- internals (lock held) -------------------------------------------------------------------
-    def _touch(self, i: int) -> None:
-        if i in self._protected:
-            self._protected.move_to_end(i)
-            return
+    def _promote(self, i: int) -> None:
+        """A list on probation used again: into the protected segment."""
         del self._probation[i]
         self._protected[i] = None
         self._protected_bytes += self._nbytes[i]
