@@ -24,8 +24,15 @@ def plot_rag(payload: Dict[str, object], path: Path) -> Optional[Path]:
     plt = pyplot()
     if plt is None:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    capped = (payload.get("capped") or {}).get("runs") or {}
+    rows = 2 if capped else 1
+    fig, grid = plt.subplots(rows, max(2, len(capped)), figsize=(14, 5 * rows), squeeze=False)
+    axes = grid[0]
     slo_ms = float(payload["config"]["slo"]) * 1e3
+    if capped:
+        _plot_capped(payload["capped"], grid[1], slo_ms)
+    for ax in axes[2:]:
+        ax.set_visible(False)
     for ax, pct in zip(axes, ("p95", "p99")):
         for color, s in zip(COLORS, payload["scenarios"]):
             runs = [r for r in s["open"] if r["latency_us"][pct] is not None]
@@ -47,6 +54,32 @@ def plot_rag(payload: Dict[str, object], path: Path) -> Optional[Path]:
                  f"{env.get('device_name') or env.get('device')}, {env.get('threads')} threads, "
                  f"k={env.get('k')}", fontsize=11)
     return save(fig, path)
+
+
+def _plot_capped(study: Dict[str, object], axes, slo_ms: float) -> None:
+    """p95 against offered QPS, mmap and direct, one panel per condition (the second row)."""
+    for ax in axes[1:len(study["runs"])]:
+        ax.sharey(axes[0])
+        ax.sharex(axes[0])
+    for ax, (condition, runs) in zip(axes, study["runs"].items()):
+        for io, color in (("mmap", "tab:blue"), ("direct", "tab:orange")):
+            run = runs[io]
+            levels = [r for r in run["levels"] if r["latency_us"]["p95"] is not None]
+            label = f"{io}: {run['sustained_qps'] or 0:g} QPS at the SLO"
+            ax.plot([r["offered_qps"] for r in levels],
+                    [r["latency_us"]["p95"] / 1e3 for r in levels], marker="o", color=color,
+                    label=label)
+        ax.axhline(slo_ms, color="gray", linestyle="--", linewidth=1, label=f"SLO {slo_ms:g} ms")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered QPS (Zipf query stream)")
+        ax.set_ylabel("p95 ms")
+        load = {"alone": "alone", "checkpoint": "beside a checkpoint write",
+                "epoch": "beside a ShardStream epoch"}[condition]
+        ax.set_title(f"{load}\nindex {study['index_bytes'] / study['room']:.1f} x what the "
+                     f"server may cache", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def _label(scenario: Dict[str, object]) -> str:

@@ -1,7 +1,8 @@
-"""rag_qps.py's helpers: readers configured for the index type, and a background write load.
+"""rag_qps.py's helpers: readers configured for the index type, and background loads.
 
-The write load is what a training job does to the drive a RAG service shares: CheckpointWriter
-saving a state dict again and again (keep=1, so old checkpoints are deleted), unpaced or paced.
+The loads are what a training job does to the drive a RAG service shares: CheckpointWriter
+saving a state dict again and again (keep=1, so old checkpoints are deleted), unpaced or paced
+(WriteLoad), or a ShardStream reading WebDataset shards epoch after epoch (EpochLoad).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Dict, Optional
 from flashstream import IndexReader
 
 
-def open_reader(path: Path, use_mmap: bool, knobs: Dict[str, int]) -> IndexReader:
+def open_reader(path: Path, use_mmap: bool, knobs: Dict[str, int], io: str = "mmap",
+                list_cache: int = 0) -> IndexReader:
     """An IndexReader with nprobe / ef_search set where the index type has them."""
-    reader = IndexReader(path, io="mmap", mmap=use_mmap)
+    reader = IndexReader(path, io=io, mmap=use_mmap, list_cache=list_cache)
     kind = reader.info()["kind"]
     if kind.startswith("IndexIVF"):
         reader.configure(nprobe=knobs["nprobe"])
@@ -75,5 +77,75 @@ class WriteLoad:
 
     def summary(self) -> Dict[str, object]:
         return {"rate": self.rate, "saves": self.saves, "bytes": self.bytes,
+                "seconds": self.seconds,
+                "gbps": self.bytes / self.seconds / 1e9 if self.seconds else None}
+
+
+class EpochLoad:
+    """ShardStream epochs back to back in a thread, from ``__enter__`` until ``__exit__``, over
+    ``size`` bytes of 1 MiB samples in 64 MiB shards written once under ``directory``."""
+
+    SAMPLE = 1 << 20
+    SHARD = 64 << 20
+
+    def __init__(self, directory: Path, size: int) -> None:
+        self.urls = self._shards(directory, size)
+        self.bytes = 0
+        self.epochs = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="epoch-load", daemon=True)
+
+    @classmethod
+    def _shards(cls, directory: Path, size: int) -> list:
+        import os
+
+        from flashstream import ShardWriter
+
+        per_shard = cls.SHARD // cls.SAMPLE
+        count = max(1, -(-size // cls.SHARD))
+        urls = [str(directory / f"epoch-{i:04d}.tar") for i in range(count)]
+        done = directory / f"epoch-{count}-shards.done"
+        if not done.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            payload = os.urandom(cls.SAMPLE)
+            with ShardWriter(str(directory / "epoch-%04d.tar"), maxcount=per_shard,
+                             verbose=0) as writer:
+                for i in range(count * per_shard):
+                    writer.write({"__key__": f"{i:08d}", "bin": payload})
+            done.touch()
+        return urls
+
+    def _run(self) -> None:
+        from flashstream import ShardStream, cache
+
+        start = time.perf_counter()
+        try:
+            while not self._stop.is_set():
+                cache.evict(self.urls)  # each epoch reads the drive
+                for sample in ShardStream(self.urls):
+                    self.bytes += len(sample["bin"])
+                    if self._stop.is_set():
+                        break
+                else:
+                    self.epochs += 1
+        except BaseException as e:  # re-raised by __exit__
+            self._error = e
+        self.seconds = time.perf_counter() - start
+
+    def __enter__(self) -> EpochLoad:
+        self._thread.start()
+        time.sleep(0.5)  # let the first reads get going before the measurements start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._error is not None and exc[0] is None:
+            raise self._error
+
+    def summary(self) -> Dict[str, object]:
+        return {"kind": "ShardStream epochs", "epochs": self.epochs, "bytes": self.bytes,
                 "seconds": self.seconds,
                 "gbps": self.bytes / self.seconds / 1e9 if self.seconds else None}

@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""RAG retrieval QPS and tail latency from the drive: an mmap'd FAISS index served by IndexReader.
+"""RAG retrieval QPS and tail latency from the drive: a FAISS index served by IndexReader, its
+IVF lists fetched by O_DIRECT (io="direct") against the file memory-mapped (io="mmap").
 
-    python benchmarks/rag_qps.py                       # builds 1M x 384 IVF-PQ in bench-data/rag
+    python benchmarks/rag_qps.py                  # builds 1M x 128 IVF1024,Flat in bench-data/rag
     python benchmarks/rag_qps.py --dir /mnt/plc/rag --write-load
     python benchmarks/rag_qps.py --index my.index --queries q.npy --ground-truth gt.npy
 
 Without --index it builds a realistic index (clustered, normalised synthetic embeddings;
-IVF-PQ by default) on the drive under test, with exact ground truth for a query sample. Then:
-the cost of recording latency; open time by mmap against a full in-RAM load (on an index of at
-least 1 GB: an IVF-Flat of the same vectors when the served index is smaller); warm mmap
-against in-RAM QPS (closed loop, alternating rounds); and per scenario (RAM warm, mmap warm,
-mmap cold, and with --write-load mmap cold beside an unpaced and a paced CheckpointWriter) a
-closed-loop max QPS and open-loop runs at each target QPS, latency measured from each query's
-scheduled time. Recall@k against the ground truth beside every latency figure. Table to stdout,
-everything to JSON, p95/p99 against offered QPS per scenario to a PNG.
+IVF-Flat by default) on the drive under test, with exact ground truth for a query sample. Then:
+the cost of recording latency; open time by mmap against a full in-RAM load; warm mmap against
+in-RAM QPS (closed loop, alternating rounds); direct against mmap cold (page cache and list
+cache emptied before every query, batch 1) and warm (everything cached), on the same queries;
+per scenario (RAM warm, mmap and direct warm and cold, with --write-load cold beside an unpaced
+and a paced CheckpointWriter) a closed-loop max QPS and open-loop runs at each target QPS,
+latency measured from each query's scheduled time; and the larger-than-memory study
+(_rag_capped.py): each mode in a serving process whose memory cgroup lets it cache half the
+index, a Zipf query stream at rising open-loop QPS, alone, beside a checkpoint being written and
+beside a ShardStream epoch, for the QPS at which p95 crosses the SLO. Every result is compared
+with FAISS in RAM; recall@k against the ground truth beside the latency figures. Tables to
+stdout, everything to JSON, p95 against offered QPS (both modes) to a PNG.
 """
 
 from __future__ import annotations
@@ -22,95 +27,37 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
+import _rag_capped  # noqa: E402
 import _rag_data  # noqa: E402
+import _rag_direct  # noqa: E402
 import _rag_load  # noqa: E402
+import _rag_open  # noqa: E402
+import _rag_report  # noqa: E402
 
-from flashstream import IndexReader, cache  # noqa: E402
+from flashstream import IndexReader  # noqa: E402
 from flashstream.retrieval.load import LoadResult, closed_loop, open_loop  # noqa: E402
 from flashstream.sizes import format_size, parse_size  # noqa: E402
 
-MMAP_SHARE = 0.95        # warm mmap QPS at least this share of the in-RAM index's
-OPEN_SHARE = 0.02        # mmap open time at most this share of the in-RAM load time
-OPEN_MIN_BYTES = 1 << 30  # ... on an index of at least this size
-RECORD_US = 2.0          # recording one query's latency costs under this many microseconds
 QPS_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.2)  # default targets: x warm in-RAM max QPS
+CAPPED_QPS = (5, 10, 20, 40, 60, 100, 150, 250, 400, 600, 1000, 1500)  # larger than memory
 
 
 # -- measurements -------------------------------------------------------------------------------
-def recording_cost(reader: IndexReader, query: np.ndarray, k: int, calls: int = 50_000,
-                   rounds: int = 5) -> Dict[str, float]:
-    """What timing a search costs: (1) the timer and histogram alone, per call (the target);
-    (2) reader.search against the bare faiss call on a tiny flat index, alternating rounds
-    (the whole wrapper, argument checks included)."""
-    import faiss
-
-    from flashstream import engine
-
-    recorder = engine.LatencyRecorder()
-    clock = time.perf_counter_ns
-    per_call = []
-    for _ in range(rounds):
-        start = clock()
-        for _ in range(calls):
-            recorder.stop(clock())
-        per_call.append((clock() - start) / calls)
-    tiny_path = Path(reader.path).with_name(".tiny-flat.index")
-    tiny = faiss.IndexFlatL2(reader.d)
-    tiny.add(np.random.default_rng(0).standard_normal((16, reader.d)).astype(np.float32))
-    faiss.write_index(tiny, str(tiny_path))
-    q = np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32)
-    overhead = []
-    try:
-        with IndexReader(tiny_path, mmap=False) as wrapped:
-            bare = wrapped.index
-            n = calls // 5
-            for _ in range(rounds):
-                start = clock()
-                for _ in range(n):
-                    bare.search(q, k)
-                middle = clock()
-                for _ in range(n):
-                    wrapped.search(q, k)
-                overhead.append(((clock() - middle) - (middle - start)) / n)
-    finally:
-        tiny_path.unlink(missing_ok=True)
-    return {"record_us": statistics.median(per_call) / 1e3,
-            "wrapper_overhead_us": statistics.median(overhead) / 1e3}
-
-
-def open_times(path: Path, rounds: int = 3) -> Dict[str, object]:
-    """Opening by mmap against reading into RAM, each from a cold page cache (median)."""
-    mmap_s, ram_s = [], []
-    for _ in range(rounds):
-        for use_mmap, out in ((True, mmap_s), (False, ram_s)):
-            cache.evict([path])
-            start = time.perf_counter()
-            reader = IndexReader(path, io="mmap", mmap=use_mmap)
-            out.append(time.perf_counter() - start)
-            if use_mmap:
-                info = reader.info()
-            reader.close()
-    size = path.stat().st_size
-    return {"path": str(path), "type": info["type"], "io_flag": info["io_flag"], "bytes": size,
-            "mmap_open_s": statistics.median(mmap_s),
-            "ram_load_s": statistics.median(ram_s), "mmap_runs_s": mmap_s, "ram_runs_s": ram_s,
-            "ratio": statistics.median(mmap_s) / statistics.median(ram_s)}
-
-
 def warm_up(reader: IndexReader, queries: np.ndarray, k: int) -> None:
-    """Page the file in (read it once) and fault every query's pages into the mapping."""
-    with open(reader.path, "rb") as f:
-        while f.read(16 << 20):
-            pass
+    """Page the file in (read it once) and fault every query's pages into the mapping; served
+    direct, fetch every query's lists into the list cache (and leave the page cache alone)."""
+    if reader.info()["io"] != "direct":
+        with open(reader.path, "rb") as f:
+            while f.read(16 << 20):
+                pass
     for q in queries:
         reader.search(q, k)
 
@@ -146,60 +93,9 @@ def run_scenario(name: str, reader: IndexReader, cold: bool, targets: List[float
                                              seconds=args.duration, threads=args.threads,
                                              seed=i))
               for i, q in enumerate(targets)]
-    return {"name": name, "mmap": reader.mmap, "cold": cold, "closed": closed, "open": opened,
-            "sustainable_qps": sustainable(opened, args.slo)}
-
-
-def sustainable(runs: List[Dict[str, object]], slo_s: float) -> Optional[float]:
-    """The highest offered QPS served on time: p95 within the SLO, and at least 95% of the
-    rate its Poisson schedule actually offered achieved."""
-    ok = [r["offered_qps"] for r in runs
-          if r["latency_us"]["p95"] is not None and r["latency_us"]["p95"] <= slo_s * 1e6
-          and r["achieved_qps"] >= 0.95 * r.get("scheduled_qps", r["offered_qps"])]
-    return max(ok) if ok else None
-
-
-# -- reporting ----------------------------------------------------------------------------------
-def table(scenarios: List[Dict[str, object]], slo_s: float) -> None:
-    rows = []
-    for s in scenarios:
-        c = s["closed"]
-        rows.append({"scenario": s["name"], "max QPS": c["achieved_qps"],
-                     "p50 us": c["latency_us"]["p50"], "p95 us": c["latency_us"]["p95"],
-                     "p99 us": c["latency_us"]["p99"], "recall": c["recall"],
-                     "cached after": c["residency_after"],
-                     f"QPS at p95<={slo_s * 1e3:g}ms": s["sustainable_qps"],
-                     "write GB/s": (s.get("write_load") or {}).get("gbps")})
-    print("\nclosed loop (max QPS) per scenario:")
-    _bench.print_table(rows, list(rows[0]))
-    print("\nopen loop (latency from each query's scheduled time):")
-    rows = [{"scenario": s["name"], "offered": r["offered_qps"], "achieved": r["achieved_qps"],
-             "p50 us": r["latency_us"]["p50"], "p95 us": r["latency_us"]["p95"],
-             "p99 us": r["latency_us"]["p99"], "late": r["late"], "recall": r["recall"],
-             "cached before": r["residency_before"]}
-            for s in scenarios for r in s["open"]]
-    _bench.print_table(rows, list(rows[0]))
-
-
-def check_targets(record: Dict[str, float], opened: List[Dict[str, object]],
-                  warm: Dict[str, object]) -> Dict[str, Dict[str, object]]:
-    verdicts = {
-        "warm mmap QPS / warm in-RAM QPS": {"value": warm["ratio"], "target": f">= {MMAP_SHARE}",
-                                            "met": warm["ratio"] >= MMAP_SHARE},
-        "recording latency, us per query": {"value": record["record_us"],
-                                            "target": f"< {RECORD_US}",
-                                            "met": record["record_us"] < RECORD_US}}
-    for o in opened:
-        big = o["bytes"] >= OPEN_MIN_BYTES
-        verdicts[f"mmap open time / in-RAM load time, {o['type']}"] = {
-            "value": o["ratio"],
-            "target": f"<= {OPEN_SHARE}" + ("" if big else
-                                            f" (not applicable: {format_size(o['bytes'])} "
-                                            f"< {format_size(OPEN_MIN_BYTES)})"),
-            "met": o["ratio"] <= OPEN_SHARE or not big}
-    print("\ntargets:")
-    _bench.print_verdicts(verdicts)
-    return verdicts
+    return {"name": name, "io": reader.info()["io"], "cold": cold, "closed": closed,
+            "open": opened,
+            "sustainable_qps": _rag_report.sustainable(opened, args.slo)}
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -224,10 +120,10 @@ def parse_args(argv=None):
                    help=".npy of true neighbour ids per query (with --index; for recall)")
     p.add_argument("--dir", type=Path, default=Path("bench-data/rag"),
                    help="where the built index and the write load go (the drive under test)")
-    p.add_argument("--dim", type=int, default=384, help="embedding dimension (default 384)")
+    p.add_argument("--dim", type=int, default=128, help="embedding dimension (default 128)")
     p.add_argument("--n", type=parse_count, default=1_000_000, help="vectors (default 1M)")
-    p.add_argument("--kind", choices=_rag_data.KINDS, default="ivfpq",
-                   help="index to build (default ivfpq)")
+    p.add_argument("--kind", choices=_rag_data.KINDS, default="ivfflat",
+                   help="index to build (default ivfflat)")
     p.add_argument("--nlist", type=int, default=None, help="IVF lists (default ~sqrt(n))")
     p.add_argument("--pq-m", type=int, default=None, help="PQ bytes per vector (default d/8)")
     p.add_argument("--nprobe", type=int, default=16, help="IVF lists searched (default 16)")
@@ -249,6 +145,7 @@ def parse_args(argv=None):
     p.add_argument("--write-size", default="1GiB", help="the write load's state dict size")
     p.add_argument("--write-rate", default=None,
                    help="the paced writer's bytes/s (default: half the unpaced one's GB/s)")
+    _add_direct_args(p)
     p.add_argument("--json", type=Path, default=Path("bench-results/rag_qps.json"))
     p.add_argument("--plot", type=Path, default=None, help="PNG (default: beside the JSON)")
     args = p.parse_args(argv)
@@ -264,11 +161,56 @@ def parse_args(argv=None):
         args.slo = float(slo[:-2]) / 1e3 if slo.endswith("ms") else float(slo.rstrip("s"))
     except ValueError:
         p.error(f"--slo: not a duration: {args.slo!r} (e.g. 10ms, 0.02)")
+    for name in ("cold_queries", "warm_rounds", "serve_threads", "stream_length"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not (args.cache_share > 0 and args.list_cache_share >= 0 and args.warmup >= 0
+            and min(args.capped_qps) > 0 and args.zipf >= 0):
+        p.error("--cache-share, --capped-qps must be positive; --list-cache-share, --warmup "
+                "and --zipf at least 0")
+    args.epoch_size = parse_size(args.epoch_size, name="--epoch-size")
+    if args.capped_write_rate not in (None, "auto"):
+        args.capped_write_rate = float(parse_size(args.capped_write_rate,
+                                                  name="--capped-write-rate"))
     args.write_size = parse_size(args.write_size, name="--write-size")
     args.write_rate = float(parse_size(args.write_rate, name="--write-rate")) \
         if args.write_rate else None
     args.plot = args.plot or args.json.with_suffix(".png")
     return args
+
+
+def _add_direct_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("direct against mmap")
+    g.add_argument("--cold-queries", type=int, default=200,
+                   help="queries searched cold (caches emptied before each), per mode")
+    g.add_argument("--warm-rounds", type=int, default=3,
+                   help="alternating warm direct / mmap rounds over the queries (default 3)")
+    g.add_argument("--capped", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the larger-than-memory study (default: on)")
+    g.add_argument("--cache-share", type=float, default=0.5,
+                   help="memory the serving process may cache, as a share of the index "
+                        "(default 0.5: the index is 2 x it)")
+    g.add_argument("--list-cache-share", type=float, default=0.1,
+                   help="direct's list cache, as a share of the index (default 0.1)")
+    g.add_argument("--zipf", type=float, default=1.0,
+                   help="exponent of the query stream's popularity (default 1.0)")
+    g.add_argument("--stream-length", type=int, default=50_000,
+                   help="queries in the stream (default 50000)")
+    g.add_argument("--capped-qps", type=float, nargs="+", default=list(CAPPED_QPS),
+                   help="rising open-loop QPS levels (default: "
+                        f"{', '.join(f'{q:g}' for q in CAPPED_QPS)})")
+    g.add_argument("--warmup", type=float, default=10.0,
+                   help="closed-loop seconds before the levels (default 10)")
+    g.add_argument("--serve-threads", type=int, default=8,
+                   help="caller threads of the serving process (default 8)")
+    g.add_argument("--conditions", nargs="+", choices=_rag_capped.CONDITIONS,
+                   default=list(_rag_capped.CONDITIONS),
+                   help="alone, beside a checkpoint being written, beside a ShardStream "
+                        "epoch (default: all)")
+    g.add_argument("--epoch-size", default="1GiB", help="the epoch load's shards (default 1GiB)")
+    g.add_argument("--capped-write-rate", default=None,
+                   help="the checkpoint load's rate: bytes/s, or auto (default: unpaced, as "
+                        "CheckpointWriter writes by default)")
 
 
 def prepare(args) -> Dict[str, object]:
@@ -302,10 +244,10 @@ def open_test_indexes(args, prepared) -> List[Path]:
     IVF-Flat and a flat index of the same vectors (when they make 1 GB); else the served one
     (timed anyway, the target then does not apply)."""
     served = Path(prepared["index"])
-    if served.stat().st_size >= OPEN_MIN_BYTES or prepared["spec"] is None:
+    if served.stat().st_size >= _rag_report.OPEN_MIN_BYTES or prepared["spec"] is None:
         return [served]
     data = prepared["data"]
-    if data.n * data.dim * 4 < OPEN_MIN_BYTES:
+    if data.n * data.dim * 4 < _rag_report.OPEN_MIN_BYTES:
         return [served]
     nlist = prepared["spec"].nlist
     return [Path(_build(args.dir, data, _rag_data.IndexSpec(kind=kind, nlist=nlist, pq_m=0))
@@ -324,7 +266,13 @@ def main(argv=None) -> int:
     queries, truth = prepared["queries"], prepared["truth"]
     knobs = {"nprobe": args.nprobe, "ef_search": args.ef_search}
     readers = {"mmap": _rag_load.open_reader(index_path, True, knobs),
-               "ram": _rag_load.open_reader(index_path, False, knobs)}
+               "ram": _rag_load.open_reader(index_path, False, knobs),
+               # warm means every list in memory: a list cache the size of the index
+               "direct": _rag_load.open_reader(index_path, True, knobs, io="direct",
+                                               list_cache=index_path.stat().st_size)}
+    if readers["direct"].info()["io"] != "direct":
+        print(f"direct: {readers['direct'].info()['io_reason']}; direct runs skipped")
+        readers.pop("direct").close()
     if queries is None:
         queries = np.random.default_rng(0).standard_normal((1000, readers["mmap"].d)) \
             .astype(np.float32)
@@ -336,35 +284,75 @@ def main(argv=None) -> int:
           f"({served['mapped_fraction']:.0%} of the file mapped); {len(queries):,} queries"
           + ("" if truth is None else f", ground truth k={truth.shape[1]}"))
 
-    record = recording_cost(readers["ram"], queries[0], args.k)
+    record = _rag_open.recording_cost(readers["ram"], queries[0], args.k)
     print(f"recording latency: {record['record_us']:.3f} us per query (timer + histogram); "
           f"whole wrapper vs a bare faiss call: {record['wrapper_overhead_us']:+.2f} us")
     opened: List[Dict[str, object]] = []
     if args.open_test:
         for path in open_test_indexes(args, prepared):
-            opened.append(open_times(path))
+            opened.append(_rag_open.open_times(path))
             o = opened[-1]
             print(f"open {Path(path).name} ({format_size(o['bytes'])}, cold cache): mmap "
                   f"{o['mmap_open_s'] * 1e3:.2f} ms ({o['io_flag']}) vs in-RAM load "
                   f"{o['ram_load_s'] * 1e3:,.0f} ms = {o['ratio']:.4f}")
     for reader in readers.values():
         warm_up(reader, queries, args.k)
-    warm = compare_warm(readers, queries, args)
+    warm_ram = compare_warm({m: readers[m] for m in ("mmap", "ram")}, queries, args)
     print(f"warm closed loop, {args.threads} threads, median of {args.rounds} alternating "
-          f"rounds: mmap {warm['median_qps']['mmap']:,.0f} QPS, in-RAM "
-          f"{warm['median_qps']['ram']:,.0f} QPS = {warm['ratio']:.3f}")
-    targets = args.qps or [round(f * warm["median_qps"]["ram"], 1) for f in QPS_FRACTIONS]
-    plan = [("RAM, warm", readers["ram"], False, None), ("mmap, warm", readers["mmap"], False,
-                                                         None),
-            ("mmap, cold", readers["mmap"], True, None)]
+          f"rounds: mmap {warm_ram['median_qps']['mmap']:,.0f} QPS, in-RAM "
+          f"{warm_ram['median_qps']['ram']:,.0f} QPS = {warm_ram['ratio']:.3f}")
+    expected = _rag_direct.expected_results(readers["ram"], queries, args.k)
+    cold = warm = None
+    if "direct" in readers:
+        pair = {m: readers[m] for m in _rag_direct.MODES}
+        cold = _rag_direct.cold_per_query(pair, queries, expected, args.k, args.cold_queries)
+        warm = _rag_direct.warm(pair, queries, expected, args.k, args.warm_rounds)
+        _rag_report.cold_and_warm(cold, warm)
+    targets = args.qps or [round(f * warm_ram["median_qps"]["ram"], 1) for f in QPS_FRACTIONS]
+    scenarios = run_scenarios(args, readers, targets, queries, truth)
+    for reader in readers.values():  # a mapping left open would keep pages the runs evict
+        reader.close()
+    study = None
+    if args.capped and "direct" in readers:
+        study = _rag_capped.run(args, index_path, queries, expected, args.dir)
+    _rag_report.table(scenarios, args.slo)
+    if cold is not None:
+        _rag_report.cold_and_warm(cold, warm)
+    if study is not None:
+        _rag_report.capped(study)
+    wrong = sum(x[m]["wrong"] for x in (cold, warm) if x for m in _rag_direct.MODES)
+    wrong += sum(r["wrong"] for c in (study or {}).get("runs", {}).values()
+                 for r in (c["mmap"], c["direct"]))
+    verdicts = _rag_report.check_targets(record, opened, warm_ram, cold, warm, study, wrong)
+    payload = {"environment": info, "config": {k: str(v) if isinstance(v, Path) else v
+                                               for k, v in vars(args).items()},
+               "build": prepared["build"], "recording": record, "open": opened,
+               "warm": warm_ram, "cold_direct_vs_mmap": cold, "warm_direct_vs_mmap": warm,
+               "targets_qps": targets, "scenarios": scenarios, "capped": study,
+               "targets": verdicts}
+    import _plot_rag
+
+    _bench.write_outputs(payload, args.json, _plot_rag.plot_rag, args.plot)
+    return 0
+
+
+def run_scenarios(args, readers: Dict[str, IndexReader], targets: List[float], queries,
+                  truth) -> List[Dict[str, object]]:
+    """Per scenario a closed-loop max QPS and an open-loop run at each target QPS."""
+    plan = [("RAM, warm", "ram", False, None), ("mmap, warm", "mmap", False, None),
+            ("mmap, cold", "mmap", True, None)]
+    if "direct" in readers:
+        plan += [("direct, warm", "direct", False, None), ("direct, cold", "direct", True, None)]
     if args.write_load:
-        plan += [("mmap, cold + unpaced write", readers["mmap"], True, "unpaced"),
-                 ("mmap, cold + paced write", readers["mmap"], True, "paced")]
-    scenarios = []
+        for mode in ("mmap", "direct") if "direct" in readers else ("mmap",):
+            plan += [(f"{mode}, cold + unpaced write", mode, True, "unpaced"),
+                     (f"{mode}, cold + paced write", mode, True, "paced")]
+    scenarios: List[Dict[str, object]] = []
     runs = sum(1 + len(targets) for _ in plan)
     with tqdm(total=runs, desc="scenarios", unit="run", leave=False, disable=None) as bar:
-        for name, reader, cold, write in plan:
+        for name, mode, cold, write in plan:
             bar.set_description(name)
+            reader = readers[mode]
             if write is None:
                 scenarios.append(run_scenario(name, reader, cold, targets, queries, truth,
                                               args, bar))
@@ -374,18 +362,7 @@ def main(argv=None) -> int:
                 result = run_scenario(name, reader, cold, targets, queries, truth, args, bar)
             result["write_load"] = load.summary()
             scenarios.append(result)
-    for reader in readers.values():
-        reader.close()
-    table(scenarios, args.slo)
-    verdicts = check_targets(record, opened, warm)
-    payload = {"environment": info, "config": {k: str(v) if isinstance(v, Path) else v
-                                               for k, v in vars(args).items()},
-               "build": prepared["build"], "recording": record, "open": opened, "warm": warm,
-               "targets_qps": targets, "scenarios": scenarios, "targets": verdicts}
-    import _plot_rag
-
-    _bench.write_outputs(payload, args.json, _plot_rag.plot_rag, args.plot)
-    return 0
+    return scenarios
 
 
 def _half_unpaced(scenarios: List[Dict[str, object]]) -> float:

@@ -107,16 +107,20 @@ def test_rag_bench_end_to_end(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "rag_qps.py"), "--dir", str(tmp_path / "rag"),
          "--n", "6K", "--dim", "16", "--duration", "0.3", "--rounds", "1", "--qps", "100",
-         "300", "--write-load", "--write-size", "16MiB", "--json", str(out_json)],
+         "300", "--write-load", "--write-size", "16MiB", "--json", str(out_json),
+         "--cold-queries", "6", "--warm-rounds", "1", "--capped-qps", "50", "200",
+         "--warmup", "0.3", "--stream-length", "500", "--epoch-size", "64MiB"],
         capture_output=True, text=True, timeout=600, env=child_env(), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "targets:" in out and "recall" in out and "QPS at p95" in out
     data = json.loads(out_json.read_text())
     names = [s["name"] for s in data["scenarios"]]
-    assert names == ["RAM, warm", "mmap, warm", "mmap, cold", "mmap, cold + unpaced write",
-                     "mmap, cold + paced write"]
+    assert names == ["RAM, warm", "mmap, warm", "mmap, cold", "direct, warm", "direct, cold",
+                     "mmap, cold + unpaced write", "mmap, cold + paced write",
+                     "direct, cold + unpaced write", "direct, cold + paced write"]
     for s in data["scenarios"]:
+        assert s["io"] == s["name"].split(",")[0].lower()
         assert s["closed"]["achieved_qps"] > 0 and 0 < s["closed"]["recall"] <= 1
         assert [r["offered_qps"] for r in s["open"]] == [100, 300]
         for r in s["open"]:
@@ -130,9 +134,36 @@ def test_rag_bench_end_to_end(tmp_path):
     assert len(data["open"]) == 1  # too small for a 1 GB index: the served one, target n/a
     assert data["open"][0]["mmap_open_s"] > 0 and data["open"][0]["ram_load_s"] > 0
     assert data["environment"]["index"]["io_flag"] in ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP")
-    assert set(data["targets"]) == {"warm mmap QPS / warm in-RAM QPS",
-                                    "recording latency, us per query",
-                                    "mmap open time / in-RAM load time, IndexIVFPQ"}
+    # Direct against mmap, cold and warm, every result equal to FAISS in RAM.
+    cold, warm = data["cold_direct_vs_mmap"], data["warm_direct_vs_mmap"]
+    assert cold["queries"] == 6 and cold["p95_ratio"] > 0 and warm["p95_ratio"] > 0
+    assert cold["mmap"]["wrong"] == cold["direct"]["wrong"] == 0
+    assert cold["direct"]["cached_before_max"] < 0.05
+    assert warm["mmap"]["wrong"] == warm["direct"]["wrong"] == 0
+    # Larger than memory: both modes under each load, on the same levels, results right.
+    capped = data["capped"]
+    assert list(capped["runs"]) == ["alone", "checkpoint", "epoch"]
+    for condition, runs in capped["runs"].items():
+        for io in ("mmap", "direct"):
+            run = runs[io]
+            assert run["io"] == io and run["info"]["io"] == io and run["wrong"] == 0
+            assert run["levels"][0]["offered_qps"] == 50 and run["warmup"]["queries"] > 0
+            assert (run["load"] is None) == (condition == "alone")
+            if capped["capped"]:  # root and a memory controller: the limit was set
+                assert run["memory"]["limit"] == run["memory"]["uncached_at_start"] + \
+                    capped["room"]
+        assert runs["direct"]["residency_after_warmup"] < 0.01  # O_DIRECT: no page cache
+        if capped["capped"]:
+            assert runs["direct"]["page_cache_added"] < 0.01
+        assert runs["direct"]["direct"]["list_cache"]["budget"] == capped["list_cache"]
+    assert capped["runs"]["epoch"]["mmap"]["load"]["bytes"] > 0
+    verdicts = data["targets"]
+    assert {"warm mmap QPS / warm in-RAM QPS", "recording latency, us per query",
+            "mmap open time / in-RAM load time, IndexIVFFlat",
+            "results differing from FAISS in RAM (queries)", "cold p95 direct / mmap, batch 1",
+            "warm p95 direct / mmap",
+            "QPS at the SLO direct / mmap, larger than memory, alone"} <= set(verdicts)
+    assert verdicts["results differing from FAISS in RAM (queries)"]["met"]
     png = out_json.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "rag" / "write-load").exists()  # the write load cleaned up
@@ -140,7 +171,9 @@ def test_rag_bench_end_to_end(tmp_path):
     again = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "rag_qps.py"), "--dir", str(tmp_path / "rag"),
          "--n", "6K", "--dim", "16", "--duration", "0.2", "--rounds", "1", "--qps", "100",
-         "--no-open-test", "--json", str(tmp_path / "again.json")],
+         "--no-open-test", "--no-capped", "--cold-queries", "2", "--warm-rounds", "1",
+         "--json", str(tmp_path / "again.json")],
         capture_output=True, text=True, timeout=600, env=child_env(), cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert json.loads((tmp_path / "again.json").read_text())["build"]["cached"] is True
+    again_data = json.loads((tmp_path / "again.json").read_text())
+    assert again_data["build"]["cached"] is True and again_data["capped"] is None

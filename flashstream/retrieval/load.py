@@ -25,7 +25,8 @@ __all__ = ["LoadResult", "closed_loop", "open_loop", "recall_at_k"]
 @dataclass
 class LoadResult:
     """One load run. ``latency``: response time per query (open loop: from its scheduled time);
-    ``service``: the search call alone. ``labels[j]`` are the ids returned for ``qids[j]``."""
+    ``service``: the search call alone. ``labels[j]`` and ``distances[j]`` are what the search
+    returned for ``qids[j]``."""
 
     kind: str                      # "closed" or "open"
     threads: int
@@ -36,6 +37,7 @@ class LoadResult:
     service: LatencyHistogram
     qids: np.ndarray
     labels: np.ndarray
+    distances: np.ndarray
     late: int = 0                  # open loop: queries that started over 1 ms after their time
     extra: Dict[str, Any] = field(default_factory=dict)
 
@@ -76,7 +78,8 @@ class _Collector:
     def mine(self) -> dict:
         mine = getattr(self._local, "lists", None)
         if mine is None:
-            mine = {"qid": [], "labels": [], "latency": [], "service": [], "late": 0, "last": 0}
+            mine = {"qid": [], "labels": [], "distances": [], "latency": [], "service": [],
+                    "late": 0, "last": 0}
             self._local.lists = mine
             with self._lock:
                 self._all.append(mine)
@@ -87,6 +90,7 @@ class _Collector:
         latency, service = LatencyHistogram(), LatencyHistogram()
         qids: List[int] = []
         labels: List[np.ndarray] = []
+        distances: List[np.ndarray] = []
         late = 0
         end_ns = start_ns
         for part in self._all:
@@ -94,23 +98,28 @@ class _Collector:
             service.record_many(part["service"])
             qids += part["qid"]
             labels += part["labels"]
+            distances += part["distances"]
             late += part["late"]
             end_ns = max(end_ns, part["last"])
         order = np.argsort(qids, kind="stable")
         labels_array = (np.stack(labels)[order] if labels
                         else np.empty((0, k), dtype=np.int64))
+        distances_array = (np.stack(distances)[order] if distances
+                           else np.empty((0, k), dtype=np.float32))
         return LoadResult(kind, threads, offered, len(qids), (end_ns - start_ns) / 1e9,
                           latency, service, np.asarray(qids, dtype=np.int64)[order],
-                          labels_array, late)
+                          labels_array, distances_array, late)
 
 
 def _timed_search(mine: dict, reader, queries: np.ndarray, k: int, i: int, *, due_ns: int,
                   start_ns: int) -> None:
-    """Search query ``i`` and keep its ids, its latency from ``due_ns`` and its service time."""
-    labels = reader.search(queries[i % len(queries)], k)[1]
+    """Search query ``i`` and keep its results, its latency from ``due_ns`` and its service
+    time."""
+    distances, labels = reader.search(queries[i % len(queries)], k)
     done = time.perf_counter_ns()
     mine["qid"].append(i)
     mine["labels"].append(labels[0])
+    mine["distances"].append(distances[0])
     mine["latency"].append(done - due_ns)
     mine["service"].append(done - start_ns)
     mine["last"] = done
