@@ -378,3 +378,27 @@ def test_evict_all_drops_held_lists_when_released():
     assert not cache.is_resident(5) and dropped == [4, 5]
     with pytest.raises(ValueError, match="budget"):
         ListCache(np.ones(3), -1, lambda i, occupied: None)
+
+
+def test_a_forked_child_searches_with_reads_of_its_own(indexes, queries):
+    """A DataLoader-style fork after searches: the child opens the file again with engines of
+    its own (the parent's ring and threads are the parent's) and gets the same results."""
+    import multiprocessing
+
+    path = indexes["ivfflat"]
+    with IndexReader(path, io="direct", nprobe=4, list_cache="64KiB") as reader:
+        expected = reader.search(queries, 5)[1]
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(target=_search_in_child, args=(reader, queries, send))
+        child.start()  # fork: the reader is not pickled, the child has the parent's copy
+        got = receive.recv()
+        child.join()
+        assert child.exitcode == 0
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(reader.search(queries, 5)[1], expected)  # parent too
+
+
+def _search_in_child(reader, queries, send):
+    reader.evict()  # the lists are fetched again, by this process
+    send.send(reader.search(queries, 5)[1])
