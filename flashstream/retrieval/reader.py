@@ -105,7 +105,9 @@ class IndexReader:
     # -- serving ---------------------------------------------------------------------------------
     @property
     def index(self) -> Any:
-        """The faiss index object (do not change it while searches run)."""
+        """The faiss index object (do not change it while searches run). Served directly, its
+        inverted lists are in memory only while a ``search`` holds them: search through
+        ``search``, never ``index.search``, which would scan absent lists as zeros."""
         return self._open().index
 
     @property
