@@ -28,8 +28,53 @@ def open_reader(path: Path, use_mmap: bool, knobs: Dict[str, int], io: str = "mm
     return reader
 
 
-class WriteLoad:
+class _Background:
+    """A load that runs in a thread from ``__enter__`` until ``__exit__``: ``_work()`` loops
+    until ``_stop`` is set; an error it raises is raised again by ``__exit__``."""
+
+    name = "load"
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _cleanup(self) -> None:
+        pass
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._work()
+        except BaseException as e:  # re-raised by __exit__
+            self._error = e
+        self.seconds = time.perf_counter() - start
+
+    def __enter__(self):
+        self._thread.start()
+        time.sleep(0.5)  # let the load get going before the measurements start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._cleanup()
+        if self._error is not None and exc[0] is None:
+            raise self._error
+
+    def gbps(self) -> Optional[float]:
+        return self.bytes / self.seconds / 1e9 if self.seconds else None
+
+
+class WriteLoad(_Background):
     """CheckpointWriter saves back to back in a thread, from ``__enter__`` until ``__exit__``."""
+
+    name = "write-load"
 
     def __init__(self, directory: Path, size: int, rate: Optional[float]) -> None:
         import torch
@@ -37,65 +82,43 @@ class WriteLoad:
         # One core for the snapshot copies: the load stands for another job's checkpoints, which
         # would run on that job's own cores; what we want to see is the drive's contention.
         torch.set_num_threads(1)
+        super().__init__()
         self.directory, self.rate = directory, rate
         self.state = {"weights": torch.randn(max(1, size // 4))}
-        self.bytes = 0
         self.saves = 0
-        self.seconds = 0.0
-        self._stop = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="write-load", daemon=True)
 
-    def _run(self) -> None:
+    def _work(self) -> None:
         from flashstream import CheckpointWriter
 
         shutil.rmtree(self.directory, ignore_errors=True)
-        start = time.perf_counter()
-        try:
-            with CheckpointWriter(self.directory, rate=self.rate, keep=1) as writer:
-                step = 0
-                while not self._stop.is_set():
-                    report = writer.save(self.state, step=step).result()
-                    self.bytes += report.bytes
-                    self.saves += 1
-                    step += 1
-        except BaseException as e:  # re-raised by __exit__
-            self._error = e
-        self.seconds = time.perf_counter() - start
+        with CheckpointWriter(self.directory, rate=self.rate, keep=1) as writer:
+            step = 0
+            while not self._stop.is_set():
+                report = writer.save(self.state, step=step).result()
+                self.bytes += report.bytes
+                self.saves += 1
+                step += 1
 
-    def __enter__(self) -> WriteLoad:
-        self._thread.start()
-        time.sleep(0.5)  # let the first save get going before the measurements start
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+    def _cleanup(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
-        if self._error is not None and exc[0] is None:
-            raise self._error
 
     def summary(self) -> Dict[str, object]:
         return {"rate": self.rate, "saves": self.saves, "bytes": self.bytes,
-                "seconds": self.seconds,
-                "gbps": self.bytes / self.seconds / 1e9 if self.seconds else None}
+                "seconds": self.seconds, "gbps": self.gbps()}
 
 
-class EpochLoad:
+class EpochLoad(_Background):
     """ShardStream epochs back to back in a thread, from ``__enter__`` until ``__exit__``, over
     ``size`` bytes of 1 MiB samples in 64 MiB shards written once under ``directory``."""
 
+    name = "epoch-load"
     SAMPLE = 1 << 20
     SHARD = 64 << 20
 
     def __init__(self, directory: Path, size: int) -> None:
+        super().__init__()
         self.urls = self._shards(directory, size)
-        self.bytes = 0
         self.epochs = 0
-        self.seconds = 0.0
-        self._stop = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="epoch-load", daemon=True)
 
     @classmethod
     def _shards(cls, directory: Path, size: int) -> list:
@@ -117,35 +140,18 @@ class EpochLoad:
             done.touch()
         return urls
 
-    def _run(self) -> None:
+    def _work(self) -> None:
         from flashstream import ShardStream, cache
 
-        start = time.perf_counter()
-        try:
-            while not self._stop.is_set():
-                cache.evict(self.urls)  # each epoch reads the drive
-                for sample in ShardStream(self.urls):
-                    self.bytes += len(sample["bin"])
-                    if self._stop.is_set():
-                        break
-                else:
-                    self.epochs += 1
-        except BaseException as e:  # re-raised by __exit__
-            self._error = e
-        self.seconds = time.perf_counter() - start
-
-    def __enter__(self) -> EpochLoad:
-        self._thread.start()
-        time.sleep(0.5)  # let the first reads get going before the measurements start
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        if self._error is not None and exc[0] is None:
-            raise self._error
+        while not self._stop.is_set():
+            cache.evict(self.urls)  # each epoch reads the drive
+            for sample in ShardStream(self.urls):
+                self.bytes += len(sample["bin"])
+                if self._stop.is_set():
+                    break
+            else:
+                self.epochs += 1
 
     def summary(self) -> Dict[str, object]:
         return {"kind": "ShardStream epochs", "epochs": self.epochs, "bytes": self.bytes,
-                "seconds": self.seconds,
-                "gbps": self.bytes / self.seconds / 1e9 if self.seconds else None}
+                "seconds": self.seconds, "gbps": self.gbps()}
