@@ -73,9 +73,17 @@ def capped(study: Dict[str, object]) -> None:
                              "p50 us": level["latency_us"]["p50"],
                              "p95 us": level["latency_us"]["p95"],
                              "p99 us": level["latency_us"]["p99"], "wrong": level["wrong"],
-                             "cached": level["residency"]})
+                             "file cached": level["residency"]})
     _bench.print_table(rows, list(rows[0]))
     for condition, runs in study["runs"].items():
+        for io in ("mmap", "direct"):
+            memory = runs[io].get("memory")
+            if memory:
+                print(f"  {condition}, {io}: memory cgroup limit set to "
+                      f"{memory['limit'] / 2**20:,.0f} MiB = its own "
+                      f"{memory['uncached_at_start'] / 2**20:,.0f} MiB (not page cache) + "
+                      f"{memory['room'] / 2**20:,.0f} MiB it may cache; the limit was hit "
+                      f"{(runs[io].get('memory_after') or {}).get('limit_hits', 0):,} times")
         direct = runs["direct"]
         low = lowest_level_p95(runs)
         if low:
