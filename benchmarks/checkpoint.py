@@ -36,7 +36,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
-import _emulated  # noqa: E402
+import _emulated
+import _learning  # noqa: E402
 import _plot  # noqa: E402
 import _savers  # noqa: E402
 
@@ -366,6 +367,19 @@ def parse_args(argv=None):
     emulated.add_argument("--reader-block", default="128KiB", help="bytes per read")
     emulated.add_argument("--reader-file-size", default="1GiB",
                           help="the file the reader reads at random")
+    learning = p.add_argument_group("--emulate random --learning (how close auto comes to the "
+                                    "best each drive allows: benchmarks/_learning.py)")
+    learning.add_argument("--learning", action="store_true",
+                          help="with --emulate random: per drive, a fresh start and stored "
+                               "models 4 x too slow and too fast, each save against the "
+                               "shortest cliff-free duration")
+    learning.add_argument("--drives", type=int, default=10, help="drives drawn (default 10)")
+    learning.add_argument("--scenarios", default="fresh,slow,fast",
+                          help="from fresh, slow, fast")
+    learning.add_argument("--size-share", type=float, default=1.75,
+                          help="each save's bytes as a share of the cache (default 1.75)")
+    learning.add_argument("--max-cache", default="1GiB",
+                          help="caches drawn larger are scaled down to this (default 1GiB)")
     p.add_argument("--json", type=Path, default=None,
                    help="default: bench-results/checkpoint.json "
                         "(checkpoint-emulated-plc.json with --emulate plc)")
@@ -374,7 +388,15 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.saves < 1:
         p.error("--saves must be at least 1")
+    if args.learning and args.emulate != "random":
+        p.error("--learning goes with --emulate random")
     name = f"checkpoint-emulated-{args.emulate}" if args.emulate else "checkpoint"
+    if args.learning:
+        name = "checkpoint-learning"
+        args.scenarios = _chosen(p, args.scenarios, _learning.SCENARIOS, "--scenarios")
+        args.max_cache = parse_size(args.max_cache, name="--max-cache")
+        if args.drives < 1 or args.saves < 3 or not 1 <= args.size_share <= 10:
+            p.error("--learning needs --drives >= 1, --saves >= 3 and --size-share in [1, 10]")
     args.json = args.json or Path(f"bench-results/{name}.json")
     args.plot = args.plot or args.json.with_suffix(".png")
     if args.emulate:
@@ -437,6 +459,8 @@ def _anon_huge_bytes() -> Optional[int]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
+    if args.learning:
+        return _learning.run(args)
     if args.emulate:
         return _emulated.run(args)
     info = _bench.environment(args.dir)

@@ -60,7 +60,7 @@ class DriveLearner:
         try:
             cliff = learn_from_save(model, data["timeline"], total=total, start_fill=start_fill,
                                     end_fill=planner.fill if planner and not measuring else None,
-                                    ended=ended)
+                                    ended=ended, measured=measuring)
         except OSError as exn:  # the model is a cache: never fail a committed save over it
             log.warning("flashstream: could not update the drive's write model: %s", exn)
             cliff = None

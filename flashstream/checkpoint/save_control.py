@@ -12,7 +12,8 @@ drive's written bytes, and sets the pace, in one of two modes:
   - from the moment its planned burst ends, where a figure of the model is not confirmed (never
     measured, or measured longer than ``RECONFIRM_AFTER`` ago): the save then either meets the
     cliff, measuring it, or shows the drive takes more than the model said;
-  - from a cliff the model did not predict (throughput far below the pace for half a second).
+  - from a cliff the model did not predict (throughput below half the pace for a second: a
+    shorter slow stretch is as often the disk's own, and measuring costs the cliff).
 
   Written unpaced into its cliff, it leaves the drive's cache full; the writer then measures
   the recovery rate with two refills (``telemetry.write_learning.learn_after_save``).
@@ -20,6 +21,7 @@ drive's written bytes, and sets the pace, in one of two modes:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -38,6 +40,14 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_DRIVE = "no cliff known for a write this large"
 UNPREDICTED_CLIFF = "a cliff the model did not predict"
+#: Seconds of throughput below half the pace that make a cliff the model did not predict.
+CLIFF_S = 1.0
+#: The planner's margins (PlanSettings) when every figure of the model was measured lately:
+#: a measured cache and drain are known within a few percent, and the wide default margins
+#: cost a save up to a third of its time against the shortest cliff-free one
+#: (docs/checkpoint.md).
+CONFIRMED_HEADROOM = 0.92
+CONFIRMED_SUSTAIN = 0.95
 
 
 class SaveController:
@@ -93,7 +103,7 @@ class SaveController:
                  why)
 
     def _run(self) -> None:
-        # (elapsed, done, pace, the drive's bytes from every writer) over the last half second
+        # (elapsed, done, pace, the drive's bytes from every writer) over the last CLIFF_S
         recent: list = []
         slo_every, next_slo = max(self.tick, 0.25), 0.0
         while not self._stop.wait(self.tick):
@@ -102,7 +112,7 @@ class SaveController:
                 continue  # unpaced to the end
             elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
             planner.advance(done, elapsed, self._disk_written())
-            recent = [r for r in recent if elapsed - r[0] <= 0.5] + [
+            recent = [r for r in recent if elapsed - r[0] <= CLIFF_S] + [
                 (elapsed, done, self.control.rate, planner.written)]
             if self._cliff_seen(recent):
                 self.cliffs += 1
@@ -128,9 +138,9 @@ class SaveController:
         return None if now is None else float(now - self._disk0)
 
     def _cliff_seen(self, recent) -> bool:
-        """Throughput below half what the pacing allowed for half a second: the drive's cliff,
+        """Throughput below half what the pacing allowed for CLIFF_S: the drive's cliff,
         wherever the model put the cache's fill (a model that is wrong puts it anywhere)."""
-        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.45:
+        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.9 * CLIFF_S:
             return False
         achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
         # What the pacing allowed over the window: each tick's pace, or the drive's own rate
@@ -164,6 +174,10 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
     if model.has_cliff:
         cache, recovery = float(model.cache_size), float(model.recovery_rate)
         probe = model.unconfirmed(now)
+        if not probe:  # every figure measured lately: the safety margins can be narrower
+            settings = dataclasses.replace(settings, headroom=max(settings.headroom,
+                                                                  CONFIRMED_HEADROOM),
+                                           sustain=max(settings.sustain, CONFIRMED_SUSTAIN))
     elif model.cliff_free >= total:
         cache, recovery = math.inf, float(model.fast_rate or math.inf)
         probe = []

@@ -223,8 +223,8 @@ def _timed_write(directory: Union[str, os.PathLike], nbytes: int):
 
 
 def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
-                    start_fill: float, end_fill: Optional[float], ended: float
-                    ) -> Optional[Cliff]:
+                    start_fill: float, end_fill: Optional[float], ended: float,
+                    measured: bool = False) -> Optional[Cliff]:
     """Refreshes ``model`` from one save's write (its per-interval timeline) and saves it.
 
     ``start_fill`` is the cache estimate the save started from, ``end_fill`` the planner's
@@ -233,10 +233,12 @@ def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
     fill it started from, less what drained meanwhile) and, where the drive set the pace for
     long enough after it, the post-cache rate (else at most a raised lower bound); a save
     without one raises the cache size to at least the most the cache held during it.
+    ``measured``: the save wrote unpaced from some point on, so that a drop it came back from
+    was a stall of the disk, not its cliff (as in the sustained probe's first write).
     """
     rows = intervals(timeline)
     unpaced = [r for r in rows if r[3] <= 0]
-    cliff = find_cliff(timeline)
+    cliff = find_cliff(timeline, unpaced=measured)
     if unpaced and sum(r[1] - r[0] for r in unpaced) >= 1.0 and cliff is None:
         model.fast_rate = mean_rate(unpaced)
     elif cliff is not None and cliff.fast_rate:
@@ -276,14 +278,15 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
         model.post_cache_rate = cliff.rate
         model.note("post_cache_rate", MEASURED, "save", cliff.rate_seconds)
     else:
-        # The drive showed too little of its own pace (or none: a pacer held the cliff): at
-        # least what completed, never less than what is known.
+        # The drive showed too little of its own pace (or none: a pacer held the cliff): it
+        # writes at least that fast in its cliff, so this only ever raises the figure.
         seen = cliff.rate if cliff.rate is not None else mean_rate(
             drive_limited([r for r in rows if r[0] >= cliff.seconds]))
-        if seen and (model.post_cache_rate is None or model.how("post_cache_rate") != MEASURED
-                     and seen > model.post_cache_rate):
+        if seen and (model.post_cache_rate is None or seen > model.post_cache_rate):
             model.post_cache_rate = seen
             model.note("post_cache_rate", LOWER_BOUND, "save", cliff.rate_seconds)
+    if model.post_cache_rate is None:
+        return  # no rate the drive set: nothing to size the cache by (the next save measures)
     # Bytes before the cliff = its size less what drained meanwhile. With the drain unknown,
     # the post-cache rate stands for it here (the high end of what drives do: the smaller
     # cache), where pacing assumes the low end (recovery_rate): both err safe.

@@ -1,0 +1,160 @@
+"""rate="auto" learns only what the drive showed (issue 32): rates from stretches the drive set,
+evidence and age on every figure, saves that measure the drive when the model is unknown, stale
+or contradicted, and the recovery rate from refills. Clock-free: synthetic timelines and
+models (the emulated-drive runs are in test_pacing.py and benchmarks/checkpoint.py
+--emulate random --learning)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from flashstream.checkpoint.pacing import PlanSettings
+from flashstream.checkpoint.save_control import UNKNOWN_DRIVE, plan_save
+from flashstream.telemetry.write_learning import learn_from_save, refill_drain
+from flashstream.telemetry.write_model import (
+    ASSUMED,
+    ASSUMED_DRAIN_SHARE,
+    LOWER_BOUND,
+    MEASURED,
+    PARAMETERS,
+    RECONFIRM_AFTER,
+    RETRY_AFTER,
+    WriteModel,
+    load_model,
+    model_path,
+)
+
+MB = 1e6
+WIDTH = 0.05
+
+
+def timeline(*stretches):
+    """(seconds, bytes/s achieved, pace) stretches as 50 ms (end, bytes, pace) rows."""
+    rows, t = [], 0.0
+    for seconds, rate, pace in stretches:
+        for _ in range(round(seconds / WIDTH)):
+            t += WIDTH
+            rows.append((t, rate * WIDTH, pace))
+    rows.append((t + WIDTH, 0.0, 0.0))  # the queue draining (left out by the reader)
+    return rows
+
+
+def learn(model, rows, **kw):
+    kw.setdefault("start_fill", 0.0)
+    return learn_from_save(model, rows, total=4e9, end_fill=None, ended=time.time(), **kw)
+
+
+def test_a_paced_interval_never_feeds_the_post_cache_rate(tmp_path):
+    """The cliff comes at 2 s, the drive writes 200 MB/s in it for 0.6 s, then a pacer holds
+    the write at 70 MB/s for 3 s (as the old adaptive pacer did after one slow window): 70 is
+    the pacer's rate, not the drive's."""
+    model = load_model(tmp_path)
+    cliff = learn(model, timeline((2.0, 800 * MB, 0), (0.6, 200 * MB, 0),
+                                  (3.0, 70 * MB, 70 * MB)))
+    assert cliff is not None
+    assert model.post_cache_rate == pytest.approx(200 * MB, rel=0.05)
+    assert model.how("post_cache_rate") == LOWER_BOUND  # 0.6 s, less the hold: too short
+    # A pacer that held the whole cliff shows no cliff of the drive at all: nothing learned.
+    model = WriteModel("x")  # no file
+    learn(model, timeline((2.0, 800 * MB, 0), (3.0, 70 * MB, 70 * MB)))
+    assert model.post_cache_rate is None and not model.has_cliff
+
+
+def test_a_short_stretch_of_the_drives_own_pace_is_a_lower_bound(tmp_path):
+    model = load_model(tmp_path)
+    learn(model, timeline((2.0, 800 * MB, 0), (0.8, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
+    assert model.post_cache_rate == pytest.approx(200 * MB, rel=0.05)
+    assert model.how("post_cache_rate") == LOWER_BOUND
+    # ... and a lower bound only ever raises a figure, even one measured before.
+    model.post_cache_rate = 300 * MB
+    model.note("post_cache_rate", MEASURED, "test")
+    learn(model, timeline((2.0, 800 * MB, 0), (0.8, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
+    assert model.post_cache_rate == 300 * MB
+
+
+def test_a_long_stretch_of_the_drives_own_pace_is_measured(tmp_path):
+    model = load_model(tmp_path)
+    learn(model, timeline((2.0, 800 * MB, 0), (3.0, 200 * MB, 0)))
+    assert model.post_cache_rate == pytest.approx(200 * MB, rel=0.02)
+    assert model.how("post_cache_rate") == MEASURED
+    assert model.evidence["post_cache_rate"].seconds >= 0.5
+    # The drain unknown: the cache is sized with the post-cache rate as the drain (the
+    # smaller cache), pacing assumes the slow end.
+    assert model.cache_size == pytest.approx(1.6e9 - 200 * MB * 2.0, rel=0.03)
+    assert model.how("cache_size") == LOWER_BOUND
+    assert model.recovery_rate == pytest.approx(ASSUMED_DRAIN_SHARE * model.post_cache_rate)
+
+
+def test_a_measuring_save_takes_a_stall_it_came_back_from_for_a_stall(tmp_path):
+    """Unpaced from its start (measuring): a half-second stall of the disk at 1 s, then fast
+    again up to the real cliff at 2.5 s."""
+    rows = timeline((1.0, 800 * MB, 0), (0.5, 100 * MB, 0), (1.0, 800 * MB, 0),
+                    (3.0, 200 * MB, 0))
+    model = load_model(tmp_path)
+    cliff = learn(model, rows, measured=True)
+    assert cliff.seconds == pytest.approx(2.5, abs=0.1)
+
+
+def test_evidence_ages_and_measured_figures_go_stale():
+    now = time.time()
+    model = WriteModel("x", cache_size=1e9, post_cache_rate=2e8, drain_rate=1e8)
+    assert model.unconfirmed(now) == list(PARAMETERS)  # never measured
+    for name in PARAMETERS:
+        model.note(name, MEASURED, "probe", when=now - 60)
+    assert model.unconfirmed(now) == []
+    model.note("drain_rate", MEASURED, "probe", when=now - RECONFIRM_AFTER - 1)
+    assert model.unconfirmed(now) == ["drain_rate"]
+    # A try that did not measure it is repeated, but not at once (each try meets the cliff).
+    model.note("drain_rate", ASSUMED, "learning save, no refill reading", when=now - 60)
+    assert model.unconfirmed(now) == []
+    assert model.unconfirmed(now + RETRY_AFTER) == ["drain_rate"]
+    assert "stale" not in model.describe() and "assumed" in model.describe()
+
+
+def test_the_model_keeps_its_evidence_and_reads_the_old_format(tmp_path):
+    model = load_model(tmp_path)
+    model.cache_size, model.post_cache_rate, model.drain_rate = 1e9, 2e8, 1.5e8
+    model.note("drain_rate", MEASURED, "learning save")
+    model.save()
+    again = load_model(tmp_path)
+    assert again.evidence["drain_rate"].source == "learning save"
+    assert json.loads(json.dumps(again.to_dict()))["evidence"]["drain_rate"]["age_s"] >= 0
+    old = {k: v for k, v in json.loads(model_path(tmp_path).read_text()).items()
+           if k != "evidence"}
+    old["version"] = 1
+    model_path(tmp_path).write_text(json.dumps(old))
+    legacy = load_model(tmp_path)
+    assert legacy.drain_rate == 1.5e8 and legacy.evidence == {}
+    assert legacy.unconfirmed() == list(PARAMETERS)  # saves confirm its figures
+
+
+def test_which_saves_measure_the_drive():
+    kw = dict(total=int(2e9), within=None, settings=PlanSettings(), read_slo=None, disk=None,
+              lead=0.0, min_rate=16e6)
+    unknown = plan_save(WriteModel("x", fast_rate=1e9), **kw)
+    assert unknown.measuring == UNKNOWN_DRIVE and unknown.planner is None
+    assert unknown.control.rate == 0  # unpaced: the drive sets the pace
+    model = WriteModel("x", fast_rate=1e9, cache_size=1e9, post_cache_rate=2e8, drain_rate=2e8)
+    stale = plan_save(model, **kw)
+    assert stale.measuring is None and stale.probe == list(PARAMETERS)
+    for name in PARAMETERS:
+        model.note(name, MEASURED, "probe")
+    confirmed = plan_save(model, **kw)
+    assert confirmed.measuring is None and confirmed.probe == []
+    # Known to take this much without a cliff: planned, nothing to confirm.
+    clean = plan_save(WriteModel("x", fast_rate=1e9, cliff_free=4e9), **kw)
+    assert clean.measuring is None and clean.probe == []
+
+
+def test_refills_give_the_recovery_rate():
+    # Each refill took drain x (seconds since full) bytes plus the same detection lag.
+    drain, lag = 150 * MB, 30 * MB
+    readings = [(t, drain * t + lag) for t in (1.0, 4.0)]
+    assert refill_drain(readings, fast=1e9) == pytest.approx(drain)
+    assert refill_drain(readings[:1], fast=1e9) == pytest.approx(180 * MB)  # the lag in
+    assert refill_drain([(1.0, 200 * MB), (4.0, 150 * MB)], fast=1e9) is None  # noise
+    assert refill_drain([], fast=1e9) is None
+    assert refill_drain([(1.0, 5e9)], fast=1e9) == pytest.approx(0.95e9)  # below fast
