@@ -158,3 +158,12 @@ def test_refills_give_the_recovery_rate():
     assert refill_drain([(1.0, 200 * MB), (4.0, 150 * MB)], fast=1e9) is None  # noise
     assert refill_drain([], fast=1e9) is None
     assert refill_drain([(1.0, 5e9)], fast=1e9) == pytest.approx(0.95e9)  # below fast
+
+
+def test_a_write_past_the_models_cliff_bounds_the_drain_from_below():
+    # 1.5 GB in 3 s without a cliff of 1 GB: at least 0.5 GB drained over those 3 s.
+    from flashstream.telemetry.write_learning import drain_lower_bound
+
+    rows = timeline((3.0, 500 * MB, 0))
+    assert drain_lower_bound(rows, 1e9) == pytest.approx(0.5e9 / 3.0, rel=0.02)
+    assert drain_lower_bound(rows, 2e9) == 0.0

@@ -19,8 +19,8 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
-from ..telemetry.write_learning import learn_after_save, learn_from_save
-from ..telemetry.write_model import WriteModel, drained
+from ..telemetry.write_learning import drain_lower_bound, learn_after_save, learn_from_save
+from ..telemetry.write_model import LOWER_BOUND, WriteModel, drained
 from .save_control import UNPREDICTED_CLIFF, SaveController
 
 __all__ = ["DriveLearner"]
@@ -51,9 +51,11 @@ class DriveLearner:
         time.monotonic() when it ended."""
         planner = controller.planner
         prior = (model.fill, model.fill_time)
-        if controller.measuring == UNPREDICTED_CLIFF and model.drain_rate is not None:
-            # The drive contradicted the model: until the refills measure the drain again, it
-            # is assumed at the safe end.
+        doubted = controller.measuring == UNPREDICTED_CLIFF or (
+            controller.measuring is not None and "drain_rate" in controller.probe)
+        if doubted and model.drain_rate is not None:
+            # The drive contradicted the model, or its drain is stale: until the refills
+            # measure it again, it is assumed at the safe end (and sizes no cache).
             model.drain_rate = None
             model.evidence.pop("drain_rate", None)
         measuring = controller.measuring is not None
@@ -64,6 +66,14 @@ class DriveLearner:
         except OSError as exn:  # the model is a cache: never fail a committed save over it
             log.warning("flashstream: could not update the drive's write model: %s", exn)
             cliff = None
+        if measuring and cliff is None and model.has_cliff:
+            # Written unpaced past where the model put the cliff, and none came: the drive
+            # drains at least this fast (the model was too slow).
+            floor = drain_lower_bound(data["timeline"], float(model.cache_size))
+            if floor > (model.recovery_rate or 0.0):
+                model.drain_rate = floor
+                model.note("drain_rate", LOWER_BOUND, "save written past the model's cliff")
+                model.save()
         if measuring and cliff is not None:
             def fill_then(drain: float) -> float:
                 """The fill this save began from, by the drain the refills measure."""

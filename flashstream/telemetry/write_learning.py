@@ -30,7 +30,7 @@ from .write_model import (
     load_model,
 )
 
-__all__ = ["MIN_RATE_SECONDS", "drive_write_rate", "learn_after_save",
+__all__ = ["MIN_RATE_SECONDS", "drain_lower_bound", "drive_write_rate", "learn_after_save",
            "learn_from_save", "learn_sustained", "measure_refills", "refill_drain"]
 
 #: A rate read off fewer seconds of the drive's own pace than this is a lower bound, not a
@@ -333,3 +333,16 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
         model.set_fill(float(model.cache_size or 0.0))
     model.save()
     return drain
+
+
+def drain_lower_bound(timeline: Timeline, cache_size: float) -> float:
+    """The least recovery rate that lets a write of ``timeline`` stay out of a cliff of
+    ``cache_size`` bytes from any starting fill: after ``t`` seconds it gave the drive
+    ``W(t)`` bytes and the cache held them less what drained, so ``drain >= (W(t) - cache) /
+    t``. 0 where it wrote less than the cache."""
+    written, best = 0.0, 0.0
+    for end, nbytes, _pace in timeline:
+        written += nbytes
+        if end > 0:
+            best = max(best, (written - cache_size) / end)
+    return best
