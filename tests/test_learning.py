@@ -48,15 +48,15 @@ def learn(model, rows, **kw):
 
 
 def test_a_paced_interval_never_feeds_the_post_cache_rate(tmp_path):
-    """The cliff comes at 2 s, the drive writes 200 MB/s in it for 0.6 s, then a pacer holds
+    """The cliff comes at 2 s, the drive writes 200 MB/s in it for 0.8 s, then a pacer holds
     the write at 70 MB/s for 3 s (as the old adaptive pacer did after one slow window): 70 is
     the pacer's rate, not the drive's."""
     model = load_model(tmp_path)
-    cliff = learn(model, timeline((2.0, 800 * MB, 0), (0.6, 200 * MB, 0),
+    cliff = learn(model, timeline((2.0, 800 * MB, 0), (0.8, 200 * MB, 0),
                                   (3.0, 70 * MB, 70 * MB)))
     assert cliff is not None
     assert model.post_cache_rate == pytest.approx(200 * MB, rel=0.05)
-    assert model.how("post_cache_rate") == LOWER_BOUND  # 0.6 s, less the hold: too short
+    assert model.how("post_cache_rate") == LOWER_BOUND  # 0.8 s, less the hold: too short
     # A pacer that held the whole cliff shows no cliff of the drive at all: nothing learned.
     model = WriteModel("x")  # no file
     learn(model, timeline((2.0, 800 * MB, 0), (3.0, 70 * MB, 70 * MB)))
@@ -65,13 +65,13 @@ def test_a_paced_interval_never_feeds_the_post_cache_rate(tmp_path):
 
 def test_a_short_stretch_of_the_drives_own_pace_is_a_lower_bound(tmp_path):
     model = load_model(tmp_path)
-    learn(model, timeline((2.0, 800 * MB, 0), (0.8, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
+    learn(model, timeline((2.0, 800 * MB, 0), (0.9, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
     assert model.post_cache_rate == pytest.approx(200 * MB, rel=0.05)
     assert model.how("post_cache_rate") == LOWER_BOUND
     # ... and a lower bound only ever raises a figure, even one measured before.
     model.post_cache_rate = 300 * MB
     model.note("post_cache_rate", MEASURED, "test")
-    learn(model, timeline((2.0, 800 * MB, 0), (0.8, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
+    learn(model, timeline((2.0, 800 * MB, 0), (0.9, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
     assert model.post_cache_rate == 300 * MB
 
 

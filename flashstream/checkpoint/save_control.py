@@ -21,7 +21,6 @@ drive's written bytes, and sets the pace, in one of two modes:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -42,12 +41,6 @@ UNKNOWN_DRIVE = "no cliff known for a write this large"
 UNPREDICTED_CLIFF = "a cliff the model did not predict"
 #: Seconds of throughput below half the pace that make a cliff the model did not predict.
 CLIFF_S = 1.0
-#: The planner's margins (PlanSettings) when every figure of the model was measured lately:
-#: a measured cache and drain are known within a few percent, and the wide default margins
-#: cost a save up to a third of its time against the shortest cliff-free one
-#: (docs/checkpoint.md).
-CONFIRMED_HEADROOM = 0.92
-CONFIRMED_SUSTAIN = 0.95
 
 
 class SaveController:
@@ -174,10 +167,6 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
     if model.has_cliff:
         cache, recovery = float(model.cache_size), float(model.recovery_rate)
         probe = model.unconfirmed(now)
-        if not probe:  # every figure measured lately: the safety margins can be narrower
-            settings = dataclasses.replace(settings, headroom=max(settings.headroom,
-                                                                  CONFIRMED_HEADROOM),
-                                           sustain=max(settings.sustain, CONFIRMED_SUSTAIN))
     elif model.cliff_free >= total:
         cache, recovery = math.inf, float(model.fast_rate or math.inf)
         probe = []

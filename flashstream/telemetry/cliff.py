@@ -9,10 +9,15 @@ import dataclasses
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["Cliff", "Timeline", "drive_limited", "find_cliff", "intervals", "mean_rate"]
+__all__ = ["CLIFF_HOLD_S", "Cliff", "Timeline", "drive_limited", "find_cliff", "intervals",
+           "mean_rate"]
 
 # (end of interval s, bytes completed in it, pacing rate in force, 0 = unpaced)
 Timeline = Sequence[Tuple[float, float, float]]
+
+#: Seconds a drop must last to be the cliff; the drive's own pace in the cliff is read after
+#: them (they still complete requests it took before, and the throttle's first slice).
+CLIFF_HOLD_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +47,7 @@ def intervals(timeline: Timeline) -> List[Tuple[float, float, float, float]]:
 RECOVERED = 0.8
 
 
-def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = 0.5,
+def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = CLIFF_HOLD_S,
                warmup: float = 0.15, unpaced: bool = False) -> Optional[Cliff]:
     """The write cliff in a write's timeline: the first moment from which throughput stays
     (on average) below ``ratio`` x what was expected (the best ``warmup``-long stretch so far,

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from ..sizes import Size, format_size, parse_size
-from .cliff import Cliff, Timeline, drive_limited, find_cliff, intervals, mean_rate
+from .cliff import (
+    CLIFF_HOLD_S,
+    Cliff,
+    Timeline,
+    drive_limited,
+    find_cliff,
+    intervals,
+    mean_rate,
+)
 from .probe import measure, new_file_write, preallocated_file
 from .write_model import (
     ASSUMED,
@@ -280,8 +288,10 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
     else:
         # The drive showed too little of its own pace (or none: a pacer held the cliff): it
         # writes at least that fast in its cliff, so this only ever raises the figure.
+        # Not the first half second in the cliff: it still completes requests the drive took
+        # before it, and the throttle's first slice (find_cliff's hold leaves it out too).
         seen = cliff.rate if cliff.rate is not None else mean_rate(
-            drive_limited([r for r in rows if r[0] >= cliff.seconds]))
+            drive_limited([r for r in rows if r[0] >= cliff.seconds + CLIFF_HOLD_S]))
         if seen and (model.post_cache_rate is None or seen > model.post_cache_rate):
             model.post_cache_rate = seen
             model.note("post_cache_rate", LOWER_BOUND, "save", cliff.rate_seconds)
