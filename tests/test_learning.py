@@ -167,3 +167,46 @@ def test_a_write_past_the_models_cliff_bounds_the_drain_from_below():
     rows = timeline((3.0, 500 * MB, 0))
     assert drain_lower_bound(rows, 1e9) == pytest.approx(0.5e9 / 3.0, rel=0.02)
     assert drain_lower_bound(rows, 2e9) == 0.0
+
+
+@pytest.mark.skipif(__import__("flashstream.emulation", fromlist=["x"]).throttle_support() is None,
+                    reason="needs root and a cgroup block-I/O controller")
+@pytest.mark.parametrize("factor", [0.25, 4.0])
+def test_a_stored_model_several_times_off_is_corrected_by_the_next_save(tmp_path, factor):
+    """A stored model whose rates are 4 x too slow (measured two days ago: a probe save) or
+    4 x too fast (the drive meets a cliff the model did not predict) on an emulated drive: one
+    save of 2.5 x the cache measures the post-cache rate, and moves the recovery rate toward
+    the drive's from either side."""
+    import os
+
+    import torch
+
+    from flashstream import CheckpointWriter
+    from flashstream.emulation import DriveEmulator, DriveSettings
+
+    settings = DriveSettings(cache_size=128 << 20, post_cache_rate=80 * MB, drain_rate=70 * MB,
+                             fast_rate=200 * MB)
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    state = {"w": torch.rand(int(2.5 * settings.cache_size) // 4)}
+    os.sync()  # earlier tests' dirty pages would be another writer, in bursts
+    with DriveEmulator(tmp_path, settings) as drive:
+        drive.add_process()
+        model = load_model(directory)
+        model.fast_rate, model.cache_size = settings.fast_rate, float(settings.cache_size)
+        model.post_cache_rate = factor * settings.post_cache_rate
+        model.drain_rate = factor * settings.drain_rate
+        for name in PARAMETERS:
+            model.note(name, MEASURED, "seeded", when=time.time() - 2 * 86400)
+        model.save()
+        with CheckpointWriter(directory, rate="auto", keep=1, chunk_size=1 << 20) as writer:
+            report = writer.save(state, step=0).result()
+            learned = load_model(directory)
+    info = (f"factor {factor}: pacing {json.dumps(report.pacing, default=str)}; learned "
+            f"{json.dumps(learned.to_dict(), default=str)}")
+    assert report.pacing["measured"], info
+    assert learned.post_cache_rate == pytest.approx(settings.post_cache_rate, rel=0.25), info
+    before, after = factor * settings.drain_rate, learned.recovery_rate
+    assert abs(after / settings.drain_rate - 1) < abs(before / settings.drain_rate - 1), info
+    if factor > 1:
+        assert after <= 1.1 * settings.drain_rate, info  # lowered to the safe side

@@ -20,7 +20,7 @@ from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
 from ..telemetry.write_learning import drain_lower_bound, learn_after_save, learn_from_save
-from ..telemetry.write_model import LOWER_BOUND, WriteModel, drained
+from ..telemetry.write_model import ASSUMED, LOWER_BOUND, WriteModel, drained
 from .save_control import UNPREDICTED_CLIFF, SaveController
 
 __all__ = ["DriveLearner"]
@@ -54,10 +54,10 @@ class DriveLearner:
         doubted = controller.measuring == UNPREDICTED_CLIFF or (
             controller.measuring is not None and "drain_rate" in controller.probe)
         if doubted and model.drain_rate is not None:
-            # The drive contradicted the model, or its drain is stale: until the refills
-            # measure it again, it is assumed at the safe end (and sizes no cache).
+            # The drive contradicted the model, or its drain is stale: until refills measure
+            # it again, it is assumed at the safe end (and sizes no cache).
             model.drain_rate = None
-            model.evidence.pop("drain_rate", None)
+            model.note("drain_rate", ASSUMED, controller.measuring)
         measuring = controller.measuring is not None
         try:
             cliff = learn_from_save(model, data["timeline"], total=total, start_fill=start_fill,
@@ -74,7 +74,7 @@ class DriveLearner:
                 model.drain_rate = floor
                 model.note("drain_rate", LOWER_BOUND, "save written past the model's cliff")
                 model.save()
-        if measuring and cliff is not None:
+        if measuring and cliff is not None and controller.ends_full:
             def fill_then(drain: float) -> float:
                 """The fill this save began from, by the drain the refills measure."""
                 if not prior[1]:

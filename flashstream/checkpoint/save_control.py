@@ -13,10 +13,13 @@ drive's written bytes, and sets the pace, in one of two modes:
     measured, or measured longer than ``RECONFIRM_AFTER`` ago): the save then either meets the
     cliff, measuring it, or shows the drive takes more than the model said;
   - from a cliff the model did not predict (throughput below half the pace for a second: a
-    shorter slow stretch is as often the disk's own, and measuring costs the cliff).
+    shorter slow stretch is as often the disk's own): for ``MEASURE_S``, which gives the
+    post-cache rate; then the save paces at the sustained share of the recovery rate assumed
+    from it (``ASSUMED_DRAIN_SHARE``), which takes it out of the cliff.
 
-  Written unpaced into its cliff, it leaves the drive's cache full; the writer then measures
-  the recovery rate with two refills (``telemetry.write_learning.learn_after_save``).
+  Written unpaced into its cliff to its end, a save leaves the drive's cache full; the writer
+  then measures the recovery rate with two refills (``telemetry.write_learning.
+  learn_after_save``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import List, Optional, Sequence
 from .. import engine
 from ..telemetry.diskstats import disk_bytes_written
 from ..telemetry.read_latency import ReadLatencyMonitor
-from ..telemetry.write_model import WriteModel
+from ..telemetry.write_model import ASSUMED_DRAIN_SHARE, WriteModel
 from .pacing import CachePlanner, PlanSettings
 
 __all__ = ["UNKNOWN_DRIVE", "UNPREDICTED_CLIFF", "SaveController", "plan_save"]
@@ -41,6 +44,8 @@ UNKNOWN_DRIVE = "no cliff known for a write this large"
 UNPREDICTED_CLIFF = "a cliff the model did not predict"
 #: Seconds of throughput below half the pace that make a cliff the model did not predict.
 CLIFF_S = 1.0
+#: Seconds a save that met a cliff the model did not predict writes unpaced in it.
+MEASURE_S = 1.0
 
 
 class SaveController:
@@ -62,11 +67,13 @@ class SaveController:
         self.measuring = measuring
         self.probe: List[str] = list(probe)
         self.measured_from: Optional[float] = 0.0 if measuring else None  # s into the write
+        self.ends_full = measuring is not None  # written unpaced to the end (refills follow)
         self.control = engine.RateControl()
         self.control.rate = 0.0 if planner is None or measuring else planner.rate()
         self.monitor = ReadLatencyMonitor(disk) if read_slo else None
         self.disk = disk
         self._disk0: Optional[int] = None  # the drive's written bytes when the save began
+        self._measure_mark: Optional[tuple] = None  # (elapsed, done) as measuring began
         self.cliffs = 0
         self.slo_misses = 0
         self.conflicted = False
@@ -91,6 +98,7 @@ class SaveController:
     def _measure(self, why: str, elapsed: float) -> None:
         """From now on, write unpaced: the drive sets the pace, and the model learns it."""
         self.measuring, self.measured_from = why, elapsed
+        self.ends_full = why != UNPREDICTED_CLIFF
         self.control.rate = 0.0
         log.info("flashstream: this checkpoint measures the drive from %.2f s: %s", elapsed,
                  why)
@@ -101,6 +109,8 @@ class SaveController:
         slo_every, next_slo = max(self.tick, 0.25), 0.0
         while not self._stop.wait(self.tick):
             planner = self.planner
+            if self.measuring == UNPREDICTED_CLIFF and not self.ends_full and planner:
+                self._leave_cliff(planner)
             if self.measuring or planner is None:
                 continue  # unpaced to the end
             elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
@@ -124,6 +134,20 @@ class SaveController:
                             "filling the drive's write cache; policy %r",
                             planner.settings.deadline_policy)
             self.control.rate = pace
+
+    def _leave_cliff(self, planner: CachePlanner) -> None:
+        """After ``MEASURE_S`` unpaced in a cliff the model did not predict: pace at the
+        sustained share of the drain assumed from the rate the drive showed there."""
+        elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
+        if self._measure_mark is None:
+            self._measure_mark = (elapsed, done)
+            return
+        seconds = elapsed - self._measure_mark[0]
+        if seconds < MEASURE_S or self.control.rate > 0:
+            return
+        post = (done - self._measure_mark[1]) / seconds
+        self.control.rate = max(self.min_rate, planner.settings.sustain * ASSUMED_DRAIN_SHARE
+                                * post)
 
     def _disk_written(self) -> Optional[float]:
         """Bytes the drive completed since the save began, from every writer (None: unknown)."""
