@@ -468,7 +468,9 @@ def test_a_random_emulated_drive_is_learned_and_auto_keeps_its_saves_out_of_the_
         # full scale (docs/emulation.md gives the figures measured there).
         assert model.cache_size == pytest.approx(settings.cache_size, rel=0.2), info
         assert model.post_cache_rate == pytest.approx(settings.post_cache_rate, rel=0.1), info
-        assert 0 < model.recovery_rate <= model.post_cache_rate * 1.01, info
+        # Idle folding may outrun the post-cache rate (docs/emulation.md): no longer capped
+        # there, the recovery rate stays within the family's bound.
+        assert 0 < model.recovery_rate <= model.post_cache_rate * 1.6, info
         assert load_model(tmp_path).cache_size == model.cache_size  # remembered
         # The probe left the cache full; the model knows, and the first save's plan starts
         # from it (it may meet the cliff the probe left; the later ones must not).

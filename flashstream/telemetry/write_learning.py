@@ -119,8 +119,8 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     model.drain_rate = refill_drain(refills, model.fast_rate)
     if model.drain_rate is not None:
         model.note("drain_rate", MEASURED, "probe")
-    else:
-        model.evidence.pop("drain_rate", None)
+    else:  # tried: assumed until a later try (WriteModel.unconfirmed)
+        model.note("drain_rate", ASSUMED, "probe, no refill reading")
     # Unmeasured, the drain stands at the post-cache rate here: the smaller cache (see
     # _learn_cliff).
     recovery = model.drain_rate if model.drain_rate is not None else post
@@ -184,14 +184,15 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
     """The recovery rate from refills of a full cache: ``(seconds since it was full until the
     refill's cliff, bytes the refill wrote before it)``. Each took ``drain x seconds`` bytes,
     plus the same detection lag, so the difference of two readings gives the rate; a single
-    reading gives it with the lag in (a little high). None without a usable reading. At most
+    reading gives it with the lag in (a little high), as do two that contradict each other (the
+    lower of the two then). None without a usable reading. At most
     95% of ``fast``: a drive that folds as fast as it writes has no cliff to plan around."""
     usable = sorted((t, b) for t, b in refills if t > 0 and b > 0)
     if len(usable) >= 2:
         (t1, b1), (t2, b2) = usable[0], usable[-1]
-        if not (t2 > t1 and b2 > b1):
-            return None  # a longer gap that took no more bytes: noise, not a reading
-        rate = (b2 - b1) / (t2 - t1)
+        # A longer gap that took no more bytes is noise: then the lower single reading.
+        consistent = t2 > t1 and b2 > b1
+        rate = (b2 - b1) / (t2 - t1) if consistent else min(b1 / t1, b2 / t2)
     elif usable:
         rate = usable[0][1] / usable[0][0]
     else:
@@ -203,12 +204,12 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
 def _refill_size(gap: float, fast: float, post: float) -> int:
     """Bytes a refill writes after ``gap`` seconds idle on a cache left full. Folding at ``d``
     frees ``d * gap``, and writing at ``fast`` fills it back after ``fast * d * gap / (fast -
-    d)`` bytes; the longest of these is at the fastest fold to expect: twice the post-cache
+    d)`` bytes; the longest of these is at the fastest fold to expect: 1.6 x the post-cache
     rate (drives fold faster idle than they write in the cliff, docs/emulation.md). A fifth
     more for noise, then a second in the cliff for find_cliff's hold. (A refill sized from the
     cache instead missed its cliff whenever the disk wrote slower than at the first write, and
     the recovery rate fell back to an assumption.)"""
-    fold = min(2 * post, 0.9 * fast)
+    fold = min(1.6 * post, 0.9 * fast)
     to_cliff = fast * fold * gap / (fast - fold)
     return int(1.2 * to_cliff + post) + (32 << 20)
 
