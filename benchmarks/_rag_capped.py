@@ -23,7 +23,7 @@ import _rag_load
 import _rag_report
 import numpy as np
 
-from flashstream import cache
+from flashstream import pagecache
 
 CONDITIONS = ("alone", "checkpoint", "epoch")
 MIN_ROOM = 64 << 20
@@ -121,7 +121,7 @@ def _ladder(args, servers: Dict[str, _Server]) -> None:
 
 def _condition(args, condition: str, index: Path, list_cache: int, work: Path, room: int,
                support: Optional[str], directory: Path) -> Dict[str, object]:
-    cache.evict([index])
+    pagecache.evict([index])
     servers: Dict[str, _Server] = {}
     try:
         with _load(condition, args, directory) as load:
@@ -131,7 +131,7 @@ def _condition(args, condition: str, index: Path, list_cache: int, work: Path, r
                 servers[io] = _Server(args, index, io, list_cache if io == "direct" else 0,
                                       work, room, support, work / f"{condition}-{io}.json")
                 if io == "direct":  # the file's page cache before anything else reads it
-                    alone_after = cache.resident_bytes(index) / index.stat().st_size
+                    alone_after = pagecache.resident_bytes(index) / index.stat().st_size
             _ladder(args, {io: servers[io] for io in ("mmap", "direct")})
             runs = {io: servers[io].finish() for io in ("mmap", "direct")}
         for result in runs.values():

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 import flashstream
-from flashstream.cache import evict
+from flashstream.pagecache import evict
 from flashstream.sizes import format_size
 from flashstream.telemetry.diskstats import DiskSampler
 from flashstream.telemetry.histogram import LatencyHistogram

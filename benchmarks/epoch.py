@@ -48,7 +48,7 @@ import _plot  # noqa: E402
 import _verdicts  # noqa: E402
 
 import flashstream  # noqa: E402
-from flashstream.cache import evict, residency  # noqa: E402
+from flashstream.pagecache import evict, residency  # noqa: E402
 from flashstream.sizes import parse_size  # noqa: E402
 from flashstream.telemetry.diskstats import DiskSampler  # noqa: E402
 from flashstream.telemetry.probe import ProbeResult  # noqa: E402

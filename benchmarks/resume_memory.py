@@ -30,7 +30,7 @@ import psutil
 import torch
 
 from flashstream import CheckpointWriter, load_checkpoint
-from flashstream.cache import evict
+from flashstream.pagecache import evict
 from flashstream.sizes import format_size, parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
 
 from flashstream import settings  # noqa: E402
-from flashstream.cache import evict  # noqa: E402
+from flashstream.pagecache import evict  # noqa: E402
 from flashstream.sizes import format_size, parse_size  # noqa: E402
 from flashstream.stream.handlers import reraise_exception  # noqa: E402
 from flashstream.stream.index_scan import (  # noqa: E402

@@ -11,8 +11,8 @@ import pytest
 faiss = pytest.importorskip("faiss")
 
 from flashstream import IndexFormatError, IndexReader, write_index  # noqa: E402
+from flashstream.mappings import mappings_of  # noqa: E402
 from flashstream.retrieval import SUPPORTED  # noqa: E402
-from flashstream.retrieval.mapping import mappings_of  # noqa: E402
 
 D, N = 32, 4000
 KINDS = ("flat", "flat_ip", "ivfflat", "ivfpq", "hnsw")

@@ -1,28 +1,57 @@
-"""Layers import one way (DESIGN.md): the imports of every module, read from its source, must not
-reach a layer above it. The table holds the rules in force; a rule is added here as its layer is
-made clean."""
+"""Layers import one way (ARCHITECTURE.md): the imports of every module, read from its source,
+lazy ones included, reach only its own part of the package or a layer below it; no import
+circle; only the engine facade imports the extension; only the world asks who we are."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import flashstream
 
 PACKAGE = Path(flashstream.__file__).resolve().parent
 
-#: package (dotted, under flashstream) -> what none of its modules may import.
-FORBIDDEN = {
-    "stream": ("flashstream.pipeline", "flashstream.cli"),
-    "retrieval": ("flashstream.stream", "flashstream.pipeline", "flashstream.checkpoint",
-                  "flashstream.cli"),
+#: Top to bottom. A unit (a module, or a package with its modules) may import its own modules
+#: and any unit of a lower layer; units of one layer import each other only where the layer
+#: says ``sideways`` (the helpers build on each other; the three jobs never do).
+LAYERS: List[Tuple[str, bool, Tuple[str, ...]]] = [
+    ("public API", True, ("flashstream", "flashstream.__main__", "flashstream.cli",
+                          "flashstream.shard_writer")),
+    ("pipeline", False, ("flashstream.pipeline",)),
+    ("jobs", False, ("flashstream.stream", "flashstream.checkpoint", "flashstream.retrieval",
+                     "flashstream.emulation")),
+    ("batches", False, ("flashstream.batches",)),
+    ("telemetry", False, ("flashstream.telemetry",)),
+    ("engine facade", True, ("flashstream.engine", "flashstream._pyengine",
+                             "flashstream._core")),
+    ("pure helpers", True, ("flashstream.sizes", "flashstream.errors", "flashstream.settings",
+                            "flashstream.world", "flashstream.pagecache",
+                            "flashstream.mappings")),
+]
+
+#: Modules allowed to do what only one place should (see the tests below), with the reason.
+ONLY_THE_ENGINE_IMPORTS_THE_CORE = {"flashstream.engine"}
+WORLD_QUESTIONS = re.compile(r"\bget_worker_info\b|\bdist\.get_rank\b|\bdist\.get_world_size\b")
+ASKS_THE_WORLD = {
+    "flashstream.world",
+    # CheckpointWriter's rank default; its module is being reworked in another change, which
+    # moves this to flashstream.world.process_group.
+    "flashstream.checkpoint.writer",
 }
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("flashstream",) + parts)
 
 
 def _imports(path: Path) -> Iterator[Tuple[int, str]]:
     """(line, absolute module name) of every import in ``path``, lazy ones included."""
-    module = "flashstream." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -38,14 +67,128 @@ def _imports(path: Path) -> Iterator[Tuple[int, str]]:
                 yield node.lineno, f"{base}.{alias.name}" if base else alias.name
 
 
+def _modules() -> Dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _unit(name: str) -> Tuple[int, str]:
+    """(layer index, unit) of a flashstream name: the longest unit it lies in."""
+    best = (-1, "")
+    for index, (_, _, units) in enumerate(LAYERS):
+        for unit in units:
+            inside = name == unit or name.startswith(unit + ".")
+            if inside and len(unit) > len(best[1]):
+                best = (index, unit)
+    if best[0] < 0:
+        raise AssertionError(f"{name} is in no layer: add it to LAYERS")
+    return best
+
+
+def _target(name: str, modules: Dict[str, Path]) -> str:
+    """The module an imported name loads: ``pkg.mod`` for ``from pkg import mod``, else the
+    longest known module it starts with."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _flashstream_imports(path: Path) -> Iterator[Tuple[int, str]]:
+    for line, name in _imports(path):
+        if name == "flashstream" or name.startswith("flashstream."):
+            yield line, name
+
+
+def test_every_module_has_a_layer():
+    for name in _modules():
+        _unit(name)
+
+
 def test_layers_import_one_way():
     offences = []
-    for layer, banned in FORBIDDEN.items():
-        for path in sorted((PACKAGE / layer).rglob("*.py")):
-            for line, name in _imports(path):
-                if any(name == b or name.startswith(b + ".") for b in banned):
-                    offences.append(f"{path.relative_to(PACKAGE)}:{line} imports {name}")
+    for name, path in _modules().items():
+        layer, unit = _unit(name)
+        sideways = LAYERS[layer][1]
+        for line, imported in _flashstream_imports(path):
+            their_layer, their_unit = _unit(imported)
+            if their_unit == unit or their_layer > layer or (their_layer == layer and sideways):
+                continue
+            where = "sideways" if their_layer == layer else "upward"
+            offences.append(f"{path.relative_to(PACKAGE)}:{line} imports {imported} ({where}: "
+                            f"{LAYERS[layer][0]} -> {LAYERS[their_layer][0]})")
     assert not offences, "imports against the layers:\n" + "\n".join(offences)
+
+
+def test_no_import_circle():
+    modules = _modules()
+    graph: Dict[str, Set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, imported in _flashstream_imports(path):
+            target = _target(imported, modules)
+            package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+            # A module's own package (its __init__) is loaded before the module: not an edge.
+            if target != name and not (target == package or package.startswith(target + ".")):
+                graph[name].add(target)
+    circles = [c for c in _strongly_connected(graph) if len(c) > 1]
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in circles)
+
+
+def _strongly_connected(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Tarjan's strongly connected components, iteratively."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    out: List[List[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in graph:
+                    continue
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    out.append(component)
+    return out
+
+
+def test_only_the_engine_facade_imports_the_extension():
+    found = [f"{name} imports {imported}" for name, path in _modules().items()
+             for _, imported in _flashstream_imports(path)
+             if imported.startswith("flashstream._core") and
+             name not in ONLY_THE_ENGINE_IMPORTS_THE_CORE]
+    assert not found, "\n".join(found)
+
+
+def test_only_the_world_asks_rank_and_worker():
+    found = [f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+             for name, path in _modules().items() if name not in ASKS_THE_WORLD
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if WORLD_QUESTIONS.search(line.split("#")[0])]
+    assert not found, "ask flashstream.world instead:\n" + "\n".join(found)
 
 
 def test_the_check_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
@@ -56,3 +199,8 @@ def test_the_check_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "PACKAGE", fake)
     found = [name for _, name in _imports(fake / "stream" / "x.py")]
     assert found == ["flashstream.pipeline.pipeline.Pipeline", "flashstream.cli"]
+
+
+def test_the_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert sorted(map(sorted, _strongly_connected(graph))) == [["a", "b", "c"], ["d"]]

@@ -10,7 +10,7 @@ from shardgen import wds_samples
 from flashstream import ShardStream
 from flashstream.cli import main as cli_main
 from flashstream.stream.plan import rank_plan, shard_order
-from flashstream.stream.world import World
+from flashstream.world import World
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402

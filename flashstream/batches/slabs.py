@@ -37,6 +37,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import psutil
 
+from ..world import in_worker
+
 __all__ = ["HEADER", "Lease", "Slab", "SlabPool", "forget_received", "map_received", "pool",
            "received_lease"]
 
@@ -209,9 +211,7 @@ def map_received(fd_source: Any, size: int, key: Key, owner: int,
                     _forget_dead()
                 mapping = mmap.mmap(fd, size)
                 _received[key] = (mapping, owner)
-                from torch.utils.data import get_worker_info
-
-                if get_worker_info() is None and owner != os.getpid():
+                if not in_worker() and owner != os.getpid():
                     _header(mapping)[_RECEIVER] = 1  # later batches may leave out the fd
                 return mapping
             found = _received.get(key)

@@ -15,6 +15,7 @@ import torch
 
 from .. import engine, settings
 from ..errors import ChecksumError
+from ..world import process_group
 from .format import StoredTensor, check_header_crc, parse_header
 from .inplace import claim_targets, copy_into
 from .reading import bytes_of, read_header, read_tensors
@@ -30,9 +31,8 @@ _RANK_FILE = re.compile(r"^rank-(\d+)-of-(\d+)\.safetensors$")
 
 
 def _default_rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    group = process_group()
+    return group[0] if group is not None else 0
 
 
 def resolve_checkpoint(path: PathLike, rank: Optional[int] = None

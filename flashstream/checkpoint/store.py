@@ -40,7 +40,7 @@ import warnings
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
-from ..retrieval.mapping import mappings_of
+from ..mappings import mappings_of
 
 __all__ = ["CheckpointInfo", "StepDir", "WriterLock", "atomic_write_text", "by_commit",
            "claim_spare", "fsync_dir", "list_checkpoints", "newest_complete", "prune",

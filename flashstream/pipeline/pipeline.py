@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset
 from webdataset.utils import PipelineStage
 
 from ..stream.state import own_entry
+from ..world import in_worker
 from .explain import Explanation, explain_pipeline
 from .fluid import FluidInterface
 from .run import Compiled, Run, compile_stages
@@ -228,6 +229,10 @@ class Pipeline(FluidInterface, IterableDataset):
         return self.stream.urls
 
     @property
+    def local_paths(self) -> Any:
+        return self.stream.local_paths
+
+    @property
     def io_settings(self) -> Any:
         return self.stream.io_settings
 
@@ -337,9 +342,7 @@ def _next_pass(stream: Any, tensor_spec: Any, repeat: int, run: Run) -> Any:
 def _finisher() -> Any:
     """What each item goes through as it leaves: in a DataLoader worker, tensor batches get
     their key lists ready for the loader (see flashstream.batches.for_loader)."""
-    from torch.utils.data import get_worker_info
-
-    if get_worker_info() is None:
+    if not in_worker():
         return None
     from ..batches import for_loader
 

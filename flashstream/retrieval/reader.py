@@ -18,13 +18,13 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .. import cache
 from .. import engine as _engine
+from .. import pagecache
+from ..mappings import ADVICE, drop_pages, mappings_of
 from ..sizes import Size
 from ..telemetry.histogram import LatencyHistogram
 from ..telemetry.read_latency import register_reader
 from .direct import DirectConfig
-from .mapping import ADVICE, drop_pages, mappings_of
 from .served import IO_MODES, MMAP_FLAGS, MmapSetting, Served, faiss_module
 
 __all__ = ["IndexReader", "write_index"]
@@ -179,7 +179,7 @@ class IndexReader:
         """Fraction (0..1) of the served file now in the page cache (mincore on a mapping)."""
         served = self._open()
         size = served.stat.st_size
-        return cache.resident_bytes(f"/proc/self/fd/{served.fd}") / size if size else 0.0
+        return pagecache.resident_bytes(f"/proc/self/fd/{served.fd}") / size if size else 0.0
 
     def evict(self) -> float:
         """Make the next searches cold: empty the list cache (direct; lists in use go when
@@ -190,7 +190,7 @@ class IndexReader:
         if served.direct is not None:
             served.direct.evict()
         drop_pages(mappings_of(served.stat))
-        cache.evict([f"/proc/self/fd/{served.fd}"])
+        pagecache.evict([f"/proc/self/fd/{served.fd}"])
         return self.residency()
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ import numpy as np
 
 from .. import engine
 from ..errors import IndexFormatError
+from ..mappings import FileMapping, advise, mappings_of
 from .direct import DIRECT_KINDS, DirectConfig, DirectLists, LayoutUnknown
 from .kinds import IndexKind, kind_of, kind_of_tag
-from .mapping import FileMapping, advise, mappings_of
 
 __all__ = ["IO_MODES", "MMAP_FLAGS", "MmapSetting", "Served", "faiss_module"]
 

@@ -19,11 +19,12 @@ import uuid
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, TypeVar, Union
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from ..settings import IOSettings, resolve
 from ..sizes import Size
 from ..telemetry.board import StatsBoard
+from ..world import World, current_world, dataloader_worker, in_worker, job_rank
 from .handlers import Handler, resolve_handler
 from .index import ShardIndex, load_index
 from .passes import PassContext, SamplePass, ShardPass
@@ -44,8 +45,7 @@ from .state import (
     shard_entry,
     worker_cursor,
 )
-from .urls import Urls, expand_urls
-from .world import World, current_world, job_rank
+from .urls import Urls, expand_urls, local_path
 
 __all__ = ["DEFAULT_SHUFFLE_BUFFER", "ShardSource"]
 
@@ -294,7 +294,7 @@ class ShardSource(IterableDataset):
         if self._pending is not None and self._pending["epoch"] != epoch:
             self._drop_pending()
         self.epoch = epoch
-        if get_worker_info() is None:
+        if not in_worker():
             self._main_epoch.write(str(epoch))  # for workers already started (persistent)
 
     def _note_pass(self, info: Any, *, resumed: bool) -> None:
@@ -321,7 +321,7 @@ class ShardSource(IterableDataset):
                           f"for you)", stacklevel=4)
 
     def _drop_pending(self) -> None:
-        if self._pending_token and get_worker_info() is None:
+        if self._pending_token and not in_worker():
             self._loaded.write("")  # workers started later must not resume it either
         self._pending, self._pending_token = None, ""
 
@@ -364,6 +364,11 @@ class ShardSource(IterableDataset):
         return state
 
     @property
+    def local_paths(self) -> List[str]:
+        """The shards' filesystem paths (``urls`` as the reader opens them)."""
+        return [local_path(url) for url in self.urls]
+
+    @property
     def io_settings(self) -> IOSettings:
         """The reader settings a pass started now would use."""
         return resolve(**self._io)
@@ -371,7 +376,7 @@ class ShardSource(IterableDataset):
     def world(self) -> World:
         """This process's place in the job, after split_by_rank / split_by_worker."""
         world = current_world(self._job)
-        if get_worker_info() is None:
+        if not in_worker():
             self._job = (world.rank, world.world_size)
         rank, size = (world.rank, world.world_size) if self.config.split_by_rank else (0, 1)
         worker, workers = ((world.worker, world.num_workers) if self.config.split_by_worker
@@ -393,7 +398,7 @@ class ShardSource(IterableDataset):
         only known with an index."""
         if self.index is None:
             raise TypeError("ShardStream has no length with index=False (no index)")
-        if get_worker_info() is None:
+        if not in_worker():
             self.follow_main_epoch()
         return self._rank_plan(self.world()).length
 
@@ -413,7 +418,7 @@ class ShardSource(IterableDataset):
                              f"(nodesplitter=single_node_only, webdataset's default): pass "
                              f"nodesplitter=wds.split_by_node to split shards by rank, or "
                              f"nodesplitter=None to read all shards on every rank")
-        info = get_worker_info()
+        info = dataloader_worker()
         self.follow_main_epoch()  # set_epoch on the stream or on a pipeline built from it
         if info is not None:
             self._marks.mark(self.epoch)
@@ -514,7 +519,7 @@ class ShardSource(IterableDataset):
         """The position after the last sample this process's pass delivered, as plain values
         (ints, strings, lists, str-keyed dicts). Inside a DataLoader worker: that worker's
         position (torchdata's StatefulDataLoader collects them)."""
-        if get_worker_info() is None:
+        if not in_worker():
             self.follow_main_epoch()  # set_epoch on a stream this one was derived from
         world = self.world()
         identity = self._identity(world)
@@ -530,7 +535,7 @@ class ShardSource(IterableDataset):
             self._drop_pending()  # DataLoader workers resumed it and read on
         if self._pending is not None:
             return copy.deepcopy(self._pending)
-        if get_worker_info() is None and self._marks.last() == self.epoch:
+        if not in_worker() and self._marks.last() == self.epoch:
             raise RuntimeError(
                 f"epoch {self.epoch} of this ShardStream is being read by DataLoader workers, "
                 f"whose positions this process cannot know: use torchdata's StatefulDataLoader "
@@ -542,7 +547,7 @@ class ShardSource(IterableDataset):
         """Resume from ``state`` (from ``state_dict()``, or ``collect_states()`` of a
         DataLoader's state): the next pass continues its epoch exactly where it stopped.
         Raises ``ValueError`` when the state does not fit this stream and job."""
-        if get_worker_info() is None:
+        if not in_worker():
             self.follow_main_epoch()  # set_epoch on a stream this one was derived from
         check_state(state, self._identity(self.world()))
         if finished(state) and state["epoch"] < self.epoch:
@@ -555,7 +560,7 @@ class ShardSource(IterableDataset):
         if not state["num_workers"]:
             return  # nothing of the epoch delivered: a fresh pass is the resume
         self._pending = copy.deepcopy(state)
-        if get_worker_info() is None:
+        if not in_worker():
             self._pending_token = uuid.uuid4().hex
             self._loaded.write(json.dumps({"token": self._pending_token, "state": state}))
 

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..world import job_rank
 from .index_share import Scan
-from .world import job_rank
 
 __all__ = ["LOCK_BATCH", "scan_with_locks"]
 

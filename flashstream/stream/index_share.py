@@ -16,6 +16,8 @@ import hashlib
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..world import process_group
+
 __all__ = ["SHARE_ENV", "share_scan"]
 
 #: "0" (or "off") keeps every rank scanning for itself.
@@ -29,13 +31,8 @@ Scan = Callable[[List[int]], Tuple[Dict[int, object], Dict[int, str], Optional[B
 def _group_size() -> Optional[Tuple[int, int]]:
     if os.environ.get(SHARE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    return dist.get_rank(), dist.get_world_size()
+    group = process_group()
+    return group if group is not None and group[1] >= 2 else None
 
 
 def share_scan(urls: Sequence[str], missing: List[int], scan: Scan

@@ -59,10 +59,7 @@ class LatencyHistogram:
         values = np.maximum(np.asarray(values_ns, dtype=np.float64), 0)
         if values.size == 0:
             return
-        index = np.searchsorted(_bounds(), values, side="right") - 1
-        n = len(self.counts)
-        # bincount, not np.add.at: ~10x cheaper per value (benchmarks/micro measures it).
-        self.counts += np.bincount(np.minimum(index, n - 1), minlength=n).astype(np.uint64)
+        self.counts += engine.latency_counts(values)
         low, high = int(values.min()), int(values.max())
         self.min_ns = low if self.min_ns is None else min(self.min_ns, low)
         self.max_ns = high if self.max_ns is None else max(self.max_ns, high)

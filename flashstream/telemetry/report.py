@@ -194,8 +194,8 @@ class EpochMonitor:
         self.batch_wait = LatencyHistogram()
         self.batches = 0
         self._sampler = DiskSampler(self.device, self.sample_interval).start()
-        # Waits are appended raw and binned in bulk: per-item cost stays ~0.1 us, which matters
-        # when "batches" are single samples at hundreds of thousands per second.
+        # Waits are appended raw and binned in bulk: the per-item cost must stay far below a
+        # sample's, since "batches" may be single samples at hundreds of thousands a second.
         waits = array.array("q")
         clock = time.perf_counter_ns
         start = time.perf_counter()
@@ -244,9 +244,7 @@ class EpochMonitor:
 
 
 def _device_name(stream) -> Optional[str]:
-    from ..stream.urls import local_path
-
     try:
-        return device_of(local_path(stream.urls[0]), health=False).name
+        return device_of(stream.local_paths[0], health=False).name
     except OSError:
         return None

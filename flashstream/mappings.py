@@ -23,8 +23,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 
 #: madvise access patterns by name. FAISS maps with MADV_RANDOM, which turns every cold page
-#: into its own 4 KiB read: a cold scan of a 1.4 GiB flat index took 35 s that way, 1.9 s with
-#: "normal" (the kernel's readahead) and 1.3 s with "sequential".
+#: into its own 4 KiB read; "normal" (the kernel's readahead) or "sequential" make a cold scan
+#: many times faster (docs/benchmarks.md, "Figures behind the defaults").
 ADVICE = {"normal": getattr(mmap, "MADV_NORMAL", 0), "random": getattr(mmap, "MADV_RANDOM", 1),
           "sequential": getattr(mmap, "MADV_SEQUENTIAL", 2)}
 

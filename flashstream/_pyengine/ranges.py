@@ -18,7 +18,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from ._pyengine import _ALIGN, _Direct, _os_error
+from .common import ALIGN, DirectFile, os_error
 
 __all__ = ["PythonRangeFile"]
 
@@ -35,7 +35,7 @@ class PythonRangeFile:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-            self._file = _Direct(fd, path, direct)
+            self._file = DirectFile(fd, path, direct)
         except BaseException:
             os.close(fd)
             raise
@@ -50,7 +50,7 @@ class PythonRangeFile:
 
     @property
     def alignment(self) -> Tuple[int, int]:
-        return (_ALIGN, _ALIGN)
+        return (ALIGN, ALIGN)
 
     def read(self, buffer: Any, ranges: np.ndarray, *, queue_depth: int = 32,
              request_size: int = 128 << 10) -> Dict[str, Any]:
@@ -73,10 +73,10 @@ class PythonRangeFile:
 
     def _read(self, view: memoryview, triples, request_size: int) -> Dict[str, Any]:
         direct = self.direct
-        if direct and request_size % _ALIGN:
+        if direct and request_size % ALIGN:
             raise ValueError(f"request_size {request_size} is not a multiple of the O_DIRECT "
-                             f"alignment {_ALIGN} of {self.path}")
-        limit = -(-self.size // _ALIGN) * _ALIGN
+                             f"alignment {ALIGN} of {self.path}")
+        limit = -(-self.size // ALIGN) * ALIGN
         base = np.frombuffer(view, dtype=np.uint8).ctypes.data if len(view) else 0
         pieces = []
         for i, (offset, length, dest) in enumerate(triples):
@@ -87,9 +87,9 @@ class PythonRangeFile:
                 raise ValueError(f"{text} does not fit the region of {len(view)} bytes")
             if offset + length > limit:
                 raise ValueError(f"{text} lies past the end of {self.path} ({self.size} bytes)")
-            if direct and (offset % _ALIGN or length % _ALIGN or (base + dest) % _ALIGN):
+            if direct and (offset % ALIGN or length % ALIGN or (base + dest) % ALIGN):
                 raise ValueError(f"{text} is not aligned for O_DIRECT on {self.path} (offsets "
-                                 f"and lengths: multiples of {_ALIGN}, memory: {_ALIGN})")
+                                 f"and lengths: multiples of {ALIGN}, memory: {ALIGN})")
             for pos in range(0, length, request_size):
                 n = min(request_size, length - pos)
                 need = max(0, min(n, self.size - (offset + pos)))
@@ -101,7 +101,7 @@ class PythonRangeFile:
             got, ns = self._file.transfer(_preadv, "read", view[dest:dest + n], offset)
             latencies.append(ns)
             if got < need:
-                raise _os_error(OSError(errno.ENODATA, ""), "read", offset + got, self.path)
+                raise os_error(OSError(errno.ENODATA, ""), "read", offset + got, self.path)
             total += need
         return {"bytes": total, "requests": len(latencies),
                 "seconds": time.perf_counter() - start if pieces else 0.0,

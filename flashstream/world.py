@@ -1,5 +1,10 @@
 """Who am I in the job: rank, world size, DataLoader worker. The only place that asks.
 
+Every rank, worker and process question of the package comes here: the stream's shard split,
+the checkpoint's rank files, the index scans shared across ranks and the batches that cross
+from DataLoader workers. Nothing else calls ``get_worker_info()`` or ``torch.distributed``'s
+rank getters.
+
 Shards are split by rank first, then by DataLoader worker (as webdataset's split_by_node and
 split_by_worker do), so every shard is read by exactly one worker of one rank per epoch.
 
@@ -14,7 +19,8 @@ import dataclasses
 import os
 from typing import List, Optional, Sequence, Tuple, TypeVar
 
-__all__ = ["World", "current_world", "job_rank"]
+__all__ = ["Worker", "World", "current_world", "dataloader_worker", "in_worker", "job_rank",
+           "process_group"]
 
 T = TypeVar("T")
 
@@ -43,19 +49,51 @@ class World:
         return mine
 
 
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """This DataLoader worker: its id, how many the loader runs and its base seed."""
+
+    id: int
+    num_workers: int
+    seed: int
+
+
+def dataloader_worker() -> Optional[Worker]:
+    """This DataLoader worker, or None in the main process (or without torch)."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return None
+    info = get_worker_info()
+    return None if info is None else Worker(info.id, info.num_workers, info.seed)
+
+
+def in_worker() -> bool:
+    """True inside a DataLoader worker process."""
+    return dataloader_worker() is not None
+
+
+def process_group() -> Optional[Tuple[int, int]]:
+    """(rank, world size) of the initialized torch.distributed process group, else None (no
+    group, or no torch.distributed): the ranks that can exchange data."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
 def job_rank() -> Tuple[int, int]:
     """(rank, world size) from torch.distributed, else the RANK/WORLD_SIZE variables."""
     return _rank_and_size()
 
 
 def _rank_and_size() -> Tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
+    group = process_group()
+    if group is not None:
+        return group
     try:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     except ValueError:
@@ -67,14 +105,9 @@ def current_world(job: Optional[Tuple[int, int]] = None) -> World:
     DataLoader worker, ``job`` (the rank and world size the parent saw) wins when given."""
     rank, size = _rank_and_size()
     worker, workers = 0, 1
-    try:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        if info is not None:
-            worker, workers = info.id, info.num_workers
-            if job is not None:
-                rank, size = job
-    except ImportError:
-        pass
+    info = dataloader_worker()
+    if info is not None:
+        worker, workers = info.id, info.num_workers
+        if job is not None:
+            rank, size = job
     return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
