@@ -254,9 +254,9 @@ def test_web_loader_resumed_after_a_finished_epoch_moves_on(image_shards):
 def test_a_shuffled_epoch_repeated_without_set_epoch_warns_once(image_shards, monkeypatch):
     import warnings
 
-    import flashstream.stream.dataset as dataset_module
+    import flashstream.stream.handoff as handoff_module
 
-    monkeypatch.setattr(dataset_module, "_REPEAT_WARNED", False)
+    monkeypatch.setattr(handoff_module, "_REPEAT_WARNED", False)
     stream = fs.ShardStream(image_shards, shuffle=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -267,7 +267,7 @@ def test_a_shuffled_epoch_repeated_without_set_epoch_warns_once(image_shards, mo
         list(stream)
         list(stream)
     assert len([w for w in caught if "set_epoch" in str(w.message)]) == 1
-    monkeypatch.setattr(dataset_module, "_REPEAT_WARNED", False)
+    monkeypatch.setattr(handoff_module, "_REPEAT_WARNED", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plain = fs.ShardStream(image_shards)  # no shuffling: the same order is expected

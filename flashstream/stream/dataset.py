@@ -5,6 +5,11 @@ methods, in the pipeline layer), and the source every pipeline builds on through
 public interface: ``derive``, ``open_pass``, ``attach``, ``sequence_length``, ``world``,
 ``follow_main_epoch``, ``plan``, ``config`` and ``resumed``. It knows nothing of the stages
 above it.
+
+Longer than the house's ~400 lines, for a reason: it is one class whose methods are the
+stream's documented API (and about a tenth of it is that documentation). What owns a thing of
+its own lives beside it: the configuration (config.py), the resume hand-off to DataLoader
+workers (handoff.py), the passes (passes.py), the plans (plan.py) and the states (state.py).
 """
 
 from __future__ import annotations
@@ -12,11 +17,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import sys
 import time
-import uuid
-import warnings
 from typing import Any, Dict, Iterator, List, Optional, TypeVar, Union
 
 from torch.utils.data import IterableDataset
@@ -25,11 +27,12 @@ from ..settings import IOSettings, resolve
 from ..sizes import Size
 from ..telemetry.board import StatsBoard
 from ..world import World, current_world, dataloader_worker, in_worker, job_rank
+from .config import DEFAULT_SHUFFLE_BUFFER, StreamConfig, equal_rule, shuffle_config
 from .handlers import Handler, resolve_handler
+from .handoff import Handoff
 from .index import ShardIndex, load_index
 from .passes import PassContext, SamplePass, ShardPass
-from .plan import DEFAULT_LANES, EQUAL_RULES, RankPlan, order_key, rank_plan, shard_order
-from .progress import Claims, SharedNote, WorkerMarks
+from .plan import DEFAULT_LANES, RankPlan, order_key, rank_plan, shard_order
 from .samples import ReadStats
 from .shuffle import ShardDraws
 from .state import (
@@ -49,68 +52,10 @@ from .urls import Urls, expand_urls, local_path
 
 __all__ = ["DEFAULT_SHUFFLE_BUFFER", "ShardSource"]
 
-DEFAULT_SHUFFLE_BUFFER = 1000
-
 #: Resampled shards are read this many draws per reader (the draws are endless).
 RESAMPLED_WINDOW = 64
 
-_REPEAT_WARNED = False  # the repeated-epoch warning is given once per process
-
 _S = TypeVar("_S", bound="ShardSource")
-
-
-@dataclasses.dataclass(frozen=True)
-class _StreamConfig:
-    shuffle_buffer: int
-    shard_shuffle: bool
-    seed: int
-    split_by_rank: bool
-    split_by_worker: bool
-    equal_ranks: Optional[str]
-    batch_size: int
-    lanes: int
-    resampled: bool = False
-
-    def __post_init__(self) -> None:
-        if self.shuffle_buffer < 0:
-            raise ValueError(f"shuffle must be True, False or a buffer size >= 0, "
-                             f"got {self.shuffle_buffer}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
-        if (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
-                or self.batch_size < 1):
-            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
-        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
-            raise ValueError(f"lanes must be None or an int >= 1, got {self.lanes!r}")
-        if not isinstance(self.resampled, bool):
-            raise ValueError(f"resampled must be True or False, got {self.resampled!r}")
-
-    def identity_config(self) -> Dict[str, Any]:
-        return {"seed": self.seed, "shuffle": self.shuffle_buffer,
-                "shard_shuffle": self.shard_shuffle, "equal_ranks": self.equal_ranks,
-                "split_by_rank": self.split_by_rank, "split_by_worker": self.split_by_worker,
-                "lanes": self.lanes, **({"resampled": True} if self.resampled else {})}
-
-
-def _shuffle_config(shuffle: Union[bool, int]) -> tuple:
-    if shuffle is True:
-        return DEFAULT_SHUFFLE_BUFFER, True
-    if shuffle is False or shuffle is None:
-        return 0, False
-    if isinstance(shuffle, int):
-        return shuffle, shuffle > 0
-    raise ValueError(f"shuffle must be True, False or a buffer size (int), got {shuffle!r}")
-
-
-def _equal_rule(equal_ranks: Union[bool, str]) -> Optional[str]:
-    if equal_ranks is False or equal_ranks is None:
-        return None
-    if equal_ranks is True:
-        return "drop"
-    if isinstance(equal_ranks, str) and equal_ranks in EQUAL_RULES:
-        return equal_ranks
-    raise ValueError(f"equal_ranks must be False, True (= 'drop'), 'drop' or 'repeat'; "
-                     f"got {equal_ranks!r}")
 
 
 def _snapshot_steps(obj: Any) -> int:
@@ -128,7 +73,7 @@ def _record(board: StatsBoard, slot: int, generation: int, stats: ReadStats) -> 
     board.add(slot, dict(stats.counters(), passes=1), stats.latency_counts, generation)
 
 
-def _plan_of(cache: Dict[tuple, RankPlan], index: List[ShardIndex], config: _StreamConfig,
+def _plan_of(cache: Dict[tuple, RankPlan], index: List[ShardIndex], config: StreamConfig,
              epoch: int, world: World, repeat: int = 0) -> RankPlan:
     """The rank's plan of ``epoch`` (or of a pipeline's repetition of it), kept in ``cache``."""
     key = (epoch, repeat, world.world_size, world.rank)
@@ -214,7 +159,7 @@ class ShardSource(IterableDataset):
     ) -> None:
         super().__init__()
         self.urls = expand_urls(urls)
-        buffer, shuffled = _shuffle_config(shuffle)
+        buffer, shuffled = shuffle_config(shuffle)
         if shard_shuffle is None:
             shard_shuffle = shuffled
         elif not isinstance(shard_shuffle, bool):
@@ -222,8 +167,8 @@ class ShardSource(IterableDataset):
         self._lanes_given = lanes
         if lanes is None:
             lanes = DEFAULT_LANES if buffer > 1 or shard_shuffle else 1
-        self.config = _StreamConfig(buffer, shard_shuffle, seed, split_by_rank, split_by_worker,
-                                    _equal_rule(equal_ranks), batch_size, lanes, resampled)
+        self.config = StreamConfig(buffer, shard_shuffle, seed, split_by_rank, split_by_worker,
+                                    equal_rule(equal_ranks), batch_size, lanes, resampled)
         self.handler = resolve_handler(handler)
         self._io = dict(engine=engine, chunk_size=chunk_size, queue_depth=queue_depth,
                         direct=direct)
@@ -236,14 +181,7 @@ class ShardSource(IterableDataset):
         self.last_stats: Optional[ReadStats] = None
         # Made here, in the process that builds the stream, so DataLoader workers share it.
         self.board = StatsBoard()
-        self._marks = WorkerMarks()
-        self._main_epoch = SharedNote()  # the epoch set in this process, for persistent workers
-        self._loaded = SharedNote()  # {"token", "state"} loaded in this process, for workers
-        self._claims = Claims()  # "<token>-<worker>": that worker resumed that loaded state
-        self._passes_note = SharedNote()  # "<epoch> <pass>": the last pass started (see below)
-        self._passes = 0  # passes started in this process
-        self._pending: Optional[Dict[str, Any]] = None  # a loaded state not yet resumed
-        self._pending_token = ""  # names a state loaded in the main process (see _loaded)
+        self._handoff = Handoff()  # to and from DataLoader workers: epochs, loaded states
         self._active: Optional[Union[ShardPass, SamplePass]] = None
         self.signature = ""  # a Pipeline's stages, part of what a saved state must match
         self.single_node = False  # webdataset's single_node_only: refuse to run on many ranks
@@ -291,77 +229,16 @@ class ShardSource(IterableDataset):
     def _switch_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self._active = None
-        if self._pending is not None and self._pending["epoch"] != epoch:
-            self._drop_pending()
+        self._handoff.epoch_set(epoch)  # for workers already started (persistent)
         self.epoch = epoch
-        if not in_worker():
-            self._main_epoch.write(str(epoch))  # for workers already started (persistent)
-
-    def _note_pass(self, info: Any, *, resumed: bool) -> None:
-        """Warn (once per process) when a shuffled epoch starts over without ``set_epoch``:
-        its order would repeat (webdataset's random shuffles differ every epoch)."""
-        self._passes += 1
-        config = self.config
-        if not (config.shard_shuffle or config.shuffle_buffer > 1 or config.resampled):
-            return
-        # A pass is known by the DataLoader iteration that runs it (the workers of one
-        # iteration share its base seed) and by how many passes this process started.
-        base = info.seed - info.id if info is not None else "main"
-        this = f"{base}:{self._passes}"
-        last = self._passes_note.read().split()
-        self._passes_note.write(f"{self.epoch} {this}")
-        if resumed or len(last) != 2 or last[0] != str(self.epoch) or last[1] == this:
-            return
-        global _REPEAT_WARNED
-        if not _REPEAT_WARNED:
-            _REPEAT_WARNED = True
-            warnings.warn(f"flashstream: epoch {self.epoch} of a shuffled stream starts again "
-                          f"without set_epoch(), so it repeats the last pass's order; call "
-                          f"set_epoch(epoch) before each epoch (flashstream.WebLoader does it "
-                          f"for you)", stacklevel=4)
-
-    def _drop_pending(self) -> None:
-        if self._pending_token and not in_worker():
-            self._loaded.write("")  # workers started later must not resume it either
-        self._pending, self._pending_token = None, ""
 
     def follow_main_epoch(self) -> None:
         """Take the epoch set last in the main process, on this stream or on one it was derived
         from or for (pipelines share the note). A worker started before that ``set_epoch``
         (``persistent_workers=True``) would otherwise repeat its old epoch."""
-        text = self._main_epoch.read()
-        if text.isdigit() and int(text) != self.epoch:
-            self._switch_epoch(int(text))
-
-    def _take_pending(self, info: Any) -> Optional[Dict[str, Any]]:
-        """The loaded state this pass resumes, if any.
-
-        A state loaded in a worker (StatefulDataLoader hands each worker its own) resumes that
-        worker's next pass. A state loaded in the main process resumes one pass only: the
-        first in this process, or in each DataLoader worker the first it starts after the load
-        (workers read it from the shared note, so persistent workers see a later load too,
-        and claim it, so a later pass does not resume it again)."""
-        if info is None:
-            resume, token = self._pending, self._pending_token
-            self._drop_pending()
-            if resume is not None and token and self._claims.claimed(token):
-                return None  # DataLoader workers resumed it already
-            return resume
-        if self._pending is not None and not self._pending_token:
-            resume, self._pending = self._pending, None  # loaded in this worker
-            return resume
-        self._drop_pending()  # a copy of the main process's: its note is the one to read
-        loaded = self._loaded.read()
-        if not loaded:
-            return None
-        try:
-            note = json.loads(loaded)
-        except ValueError:
-            return None
-        state = note["state"]
-        if state["epoch"] != self.epoch or not self._claims.claim(note["token"], info.id):
-            return None
-        return state
+        main = self._handoff.main_epoch()
+        if main is not None and main != self.epoch:
+            self._switch_epoch(main)
 
     @property
     def local_paths(self) -> List[str]:
@@ -421,10 +298,11 @@ class ShardSource(IterableDataset):
         info = dataloader_worker()
         self.follow_main_epoch()  # set_epoch on the stream or on a pipeline built from it
         if info is not None:
-            self._marks.mark(self.epoch)
-        resume = self._take_pending(info)
+            self._handoff.worker_started(self.epoch)
+        resume = self._handoff.take(info, self.epoch)
         self.resumed = resume
-        self._note_pass(info, resumed=resume is not None)
+        self._handoff.note_pass(info, self.epoch, resumed=resume is not None, shuffled=(
+            config.shard_shuffle or config.shuffle_buffer > 1 or config.resampled))
         entry = None  # shard plan: this worker's entry of the resumed state
         if resume is not None and self.index is None:
             entry = shard_entry(resume, world.worker, world.num_workers)
@@ -486,10 +364,7 @@ class ShardSource(IterableDataset):
             changes["batch_size"] = batch_size
         new = copy.copy(self)
         new.config = dataclasses.replace(self.config, **changes)
-        new.board, new._marks = StatsBoard(), WorkerMarks()
-        new._loaded, new._claims, new._passes_note = SharedNote(), Claims(), SharedNote()
-        new._passes = 0
-        new._pending, new._pending_token, new._active = None, "", None
+        new.board, new._handoff, new._active = StatsBoard(), self._handoff.derived(), None
         new._plans = {}
         new.last_stats = None
         if signature is not None:
@@ -531,11 +406,10 @@ class ShardSource(IterableDataset):
             return new_state(identity, self.epoch, num_workers=world.num_workers,
                              batch_size=self.config.batch_size,
                              workers={str(world.worker): active.state()}, done=done)
-        if self._pending_token and self._claims.claimed(self._pending_token):
-            self._drop_pending()  # DataLoader workers resumed it and read on
-        if self._pending is not None:
-            return copy.deepcopy(self._pending)
-        if not in_worker() and self._marks.last() == self.epoch:
+        pending = self._handoff.pending()
+        if pending is not None:
+            return pending
+        if self._handoff.workers_reading(self.epoch):
             raise RuntimeError(
                 f"epoch {self.epoch} of this ShardStream is being read by DataLoader workers, "
                 f"whose positions this process cannot know: use torchdata's StatefulDataLoader "
@@ -556,13 +430,7 @@ class ShardSource(IterableDataset):
             return
         self._switch_epoch(state["epoch"])
         self._active = None
-        self._drop_pending()
-        if not state["num_workers"]:
-            return  # nothing of the epoch delivered: a fresh pass is the resume
-        self._pending = copy.deepcopy(state)
-        if not in_worker():
-            self._pending_token = uuid.uuid4().hex
-            self._loaded.write(json.dumps({"token": self._pending_token, "state": state}))
+        self._handoff.load(state)
 
     @staticmethod
     def collect_states(obj: Any) -> Dict[str, Any]:
