@@ -83,20 +83,20 @@ SETTLE_S = 2.0         # after the last save, before the second idle window (wri
 WARMUP_S = 0.5         # the reader's first reads (threads starting) are left out
 QUIET_AFTER_SAVE_S = 0.5  # after a save ends, before the reader's windows count as quiet
 # Default save size: this many times the size at which an unpaced save starts to meet the
-# cliff, cache / (1 - drain / fast rate) (1.33 x the cache on the plc profile, 1.61 x on qlc).
+# cliff, cache / (1 - drain / fast rate) (the header prints it per profile).
 SAVE_OVER_CLIFF = 1.2
 DRAIN_SHARE = 0.85     # default gap: saves average this share of the cache's drain rate
 # Default deadline: this share of the gap after a save is due. A flat pace that meets it then
 # ends with the cache about half full, inside the planned (cliff-free) regime with room for
-# this disk's noise; at 0.7 the qlc schedule ran at the 85% headroom and its saves took the
-# documented conflict policy (unpaced while the headroom lasts), which is another test.
-# The fixed writer at the post-cache rate still misses it (9-11 s against 7.2-7.5 s).
+# the host disk's noise; a tighter share pushes a schedule onto the headroom, where saves take
+# the documented conflict policy (unpaced while the headroom lasts), which is another test.
+# The fixed writer at the post-cache rate still misses it (docs/emulation.md).
 WITHIN_SHARE = 0.8
 SLO_SHARE = 1.2        # auto+read_slo: the SLO is this many times the quiet p95 (slo_reference)
-# After the probe (3-4 x the cache written, then deleted) this disk held reads for up to 4 s at
-# a time over the next 10-25 s in 3 runs of 4 (the no-writer run's quiet p95 came out 0.3-3.4 s
-# there, 0.6 ms otherwise): the runs start once reads are back to their speed before the probe
-# (p95 within SETTLE_SHARE x, or SETTLE_MARGIN_S more, in two 1 s samples running).
+# After the probe (several caches written, then deleted) the host disk can hold reads for
+# seconds at a time while it catches up, which would poison the no-writer baseline: the runs
+# start once reads are back to their speed before the probe (p95 within SETTLE_SHARE x, or
+# SETTLE_MARGIN_S more, in two 1 s samples running).
 SETTLE_SHARE = 2.0
 SETTLE_MARGIN_S = 0.5e-3
 SETTLE_TIMEOUT_S = 120.0
@@ -200,9 +200,8 @@ def drive_settings(args, write_rate: float) -> DriveSettings:
 def learn(directory: Path, settings: DriveSettings) -> Dict[str, object]:
     """The write model as ``flashstream probe --sustained`` learns it, on a fresh emulated
     drive, and its errors against the emulator's settings."""
-    # Long enough to meet the cliff while this disk is slow: from an empty cache a write at w
-    # meets it after cache x w / (w - drain), 2.5 x the cache on qlc when the real drive
-    # writes 0.8 GB/s instead of 1.3 (it did in one run, and the probe saw no cliff).
+    # Long enough to meet the cliff while the host disk is slow: from an empty cache a write at
+    # w meets it after cache x w / (w - drain), which grows as w falls towards the drain.
     size = int(LEARN_OVER_CACHE * settings.cache_size)
     with DriveEmulator(directory, settings) as drive, tqdm(
             desc="learning the write model", total=3, leave=False, disable=None) as bar:

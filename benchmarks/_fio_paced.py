@@ -26,8 +26,8 @@ from flashstream.emulation import DriveEmulator
 from flashstream.sizes import parse_size
 from flashstream.telemetry.fio import fio_command, fio_result
 
-# The checkpoint writer's paced request size: on this project's disk the request size, not the
-# writer, set most of what a paced write costs the reads (docs/emulation.md).
+# The checkpoint writer's paced request size: the request size, not the writer, can set most of
+# what a paced write costs the reads (docs/emulation.md gives the figures).
 REQUEST = parse_size(WriterConfig.paced_chunk_size)  # the field's default
 
 

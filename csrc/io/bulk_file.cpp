@@ -31,9 +31,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr double kMinInterval = 0.001;
 // Short paced requests keep a read's wait behind a write short, but each one costs the pacer a
-// wake-up, late by the timer's slack, and a late request does not catch up: 256 KiB requests
-// paced at 3 GB/s wrote 2.4 GB/s here (at 2 GB/s, 7,600 a second, they kept the pace). Past this
-// many a second, paced requests grow with the rate instead.
+// wake-up, late by the timer's slack, and a late request does not catch up: at many thousand
+// requests a second a paced write falls behind its rate (docs/benchmarks.md, "Figures behind
+// the defaults"). Past this many a second, paced requests grow with the rate instead.
 constexpr double kMaxPacedRequestsPerS = 4000;
 
 // While a paced request waits for its turn with others in flight, completions are collected

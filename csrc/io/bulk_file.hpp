@@ -19,8 +19,8 @@ struct BulkOptions {
   size_t chunk_size = size_t(8) << 20;  // bytes per request (a multiple of the alignment)
   // Bytes per request while a write is paced (0: chunk_size). A paced write has time to spare,
   // so it gives up nothing by cutting its requests small, and a read that arrives behind one
-  // waits for a 1 MiB request, not an 8 MiB one (on this project's disk: read p95 at 0.3 GB/s
-  // of writes 5.9 ms against 68 ms).
+  // waits for a 1 MiB request, not an 8 MiB one (benchmarks/reads_beside_writes.py measures
+  // the reads' p95 both ways).
   size_t paced_chunk_size = 0;
   unsigned queue_depth = 8;
   std::string engine = "auto";          // auto | uring | threads

@@ -1,7 +1,8 @@
 """Shared-memory slabs that tensor batches are packed into, reused from batch to batch.
 
-Fresh shared memory is slow to fill: every page faults and is zeroed (measured here: 0.8-0.9
-GB/s to fill new 6.4 MB buffers, against 24 GB/s into a mapped one). So each process that makes
+Fresh shared memory is slow to fill: every page faults and is zeroed, an order of magnitude
+slower than filling memory already mapped (docs/benchmarks.md, "Figures behind the defaults").
+So each process that makes
 batches keeps a pool of slabs (``memfd`` files, mapped once) and reuses a slab once every
 tensor of the batch it held is gone, in whichever process that happened:
 

@@ -25,8 +25,9 @@ __all__ = ["StagingBuffer", "lost_tensors", "snapshot"]
 
 _GROWTH = 1.125  # headroom so a state dict that grows a little does not reallocate every save
 # Smaller tensors are copied at once even with snapshot="cow": protecting them saves less
-# than it costs (a tensor within one page cannot be protected at all; 50,000 of 1 KB each
-# cost 0.3 s more through the copy-on-write path than copied in one call).
+# than it costs (a tensor within one page cannot be protected at all; many small ones cost
+# more through the copy-on-write path than copied in one call: docs/benchmarks.md, "Figures
+# behind the defaults").
 _COW_MIN = 64 << 10
 
 
@@ -55,8 +56,8 @@ class StagingBuffer:
             # cudaHostAlloc memory is page-aligned, which is what O_DIRECT needs.
             self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         else:
-            # MAP_POPULATE faults every page in at once: about 4x faster here than letting
-            # the first snapshot's copy fault them one by one (0.8 s vs 3.7 s for 2 GiB).
+            # MAP_POPULATE faults every page in at once, several times faster than letting
+            # the first snapshot's copy fault them one by one (docs/benchmarks.md).
             flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
             if populate:
                 flags |= getattr(mmap, "MAP_POPULATE", 0)
@@ -125,7 +126,7 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Opti
     """
     lazy = mode == "cow" and engine.cow_available()
     # With copy-on-write most bytes are copied in the background: let that copy fault the
-    # staging pages in, not the stall (2 GiB populated took about 1 s of a first save).
+    # staging pages in, not the stall (populating them is a large share of a first save).
     staging.reserve(-(-layout.file_size // staging.alignment) * staging.alignment,
                     populate=not lazy)
     base = layout.header_size

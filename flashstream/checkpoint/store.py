@@ -20,9 +20,9 @@ worst an incomplete step directory or a temporary file, which later saves clean 
 Recycling: pruning a checkpoint renames its files to spares (markers first, so the step is
 incomplete before any file leaves it) instead of freeing their blocks, and the rank's next save
 renames its spare to its temporary name and writes over it. The drive then never sees the
-discards of a large delete (reads beside one unlink of 1 GiB went from 1.7 to 22 ms p95 here)
-nor the extent conversions of writing a new file (paced reads' p95 1.7 x idle beside a new
-file, 1.2 x beside an overwrite, same rate); see docs/checkpoint.md.
+discards of a large delete nor the extent conversions of writing a new file, both of which
+hold up reads beside them (docs/checkpoint.md and benchmarks/reads_beside_writes.py give the
+figures).
 """
 
 from __future__ import annotations
@@ -201,8 +201,9 @@ def write_latest(directory: PathLike, info: CheckpointInfo) -> None:
     atomic_write_text(Path(directory) / "latest", info.path.name + "\n")
 
 
-#: Bytes freed per step by a gradual removal: on this project's disk (ext4, online discard)
-#: reads beside it kept a p95 of 2.5-3.6 ms, against 26-35 ms beside one unlink of 1 GiB.
+#: Bytes freed per step by a gradual removal: small enough that reads beside it keep their
+#: tail latency on a filesystem with online discard, where one unlink of a large file stalls
+#: them (benchmarks/reads_beside_writes.py measures both).
 TRIM_SLICE = 8 << 20
 
 

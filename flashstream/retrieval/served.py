@@ -149,10 +149,11 @@ def _first_bytes(file: engine.RangeReader) -> bytes:
 def _flag_order(kind: IndexKind, mmap: MmapSetting) -> Tuple[str, ...]:
     """The FAISS mapping flags to try, best first; () reads the index into RAM.
 
-    IVF: IO_FLAG_MMAP first. It maps the file and points each inverted list into it (0.5 ms for
-    a 1.4 GiB IVF-Flat). IO_FLAG_MMAP_IFC maps too, but first allocates and zeroes a heap
-    buffer the size of each list, only to swap it for the mapped view: 26-80 ms of memset for
-    that index, growing with the index. Flat and HNSW: only IO_FLAG_MMAP_IFC maps them
+    IVF: IO_FLAG_MMAP first. It maps the file and points each inverted list into it, at a
+    cost that does not grow with the lists. IO_FLAG_MMAP_IFC maps too, but first allocates and
+    zeroes a heap buffer the size of each list, only to swap it for the mapped view: a memset
+    that grows with the index (docs/benchmarks.md, "Figures behind the defaults"). Flat and
+    HNSW: only IO_FLAG_MMAP_IFC maps them
     (IO_FLAG_MMAP would read them into RAM), so it comes first."""
     if mmap is False:
         return ()
@@ -172,9 +173,10 @@ def _resolve_advice(kind: IndexKind, advice: str) -> str:
 def _stop_list_prefetch(faiss, index) -> None:
     """IO_FLAG_MMAP serves IVF lists through OnDiskInvertedLists, whose ``prefetch_lists`` starts
     up to 32 threads on every search (and joins the previous search's) to touch the lists it
-    will probe. Warm, that thread churn cut single-thread IVF-PQ QPS from 630 to 376 here; cold,
-    the kernel's readahead on the mapping already reads each list in long requests (100 cold
-    IVF-Flat searches: 10.2 ms mean without the threads, 14.4 ms with). So: no prefetch threads."""
+    will probe. Warm, that thread churn costs a large share of single-thread QPS; cold, the
+    kernel's readahead on the mapping already reads each list in long requests, and the threads
+    only add latency (docs/benchmarks.md, "Figures behind the defaults"). So: no prefetch
+    threads."""
     lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
     if hasattr(lists, "prefetch_nthread"):
         lists.prefetch_nthread = 0

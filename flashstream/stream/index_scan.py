@@ -41,8 +41,9 @@ SCAN_ENV = "FLASHSTREAM_INDEX_SCAN"
 SCAN_MODES = ("auto", "hop", "sequential", "full")
 
 #: Bytes per header read below which a shard is read sequentially, when the drive has no
-#: cached probe: this machine's probe (1.0-1.5 GB/s sequential, 31-49k random 4 KiB reads/s at
-#: depth 32) puts the break-even at 27-48 KB; rounded up, as sequential reading is the safe side.
+#: cached probe: the break-even is sequential bytes/s over random 4 KiB reads/s at depth 32
+#: (see hop_threshold), rounded up, as sequential reading is the safe side (docs/benchmarks.md,
+#: "Figures behind the defaults").
 DEFAULT_HOP_THRESHOLD = 64 << 10
 #: The threshold is kept within these bounds whatever the probe says.
 _THRESHOLD_RANGE = (16 << 10, 4 << 20)

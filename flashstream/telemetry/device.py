@@ -108,8 +108,8 @@ def device_of(path: str | os.PathLike, *, sysfs_root: str = "/sys", proc_root: s
 def online_discard(path: str | os.PathLike, *, proc_root: str = "/proc") -> bool:
     """Whether the filesystem holding ``path`` discards (TRIMs) freed blocks as it frees them:
     mounted with ``discard`` (ext4, xfs; btrfs's ``discard=async`` queues them instead). Then
-    removing a large file sends the drive one long discard that reads queue behind (here:
-    unlinking a 1 GiB file held reads 10-20 ms for 0.25 s). False when it cannot be told."""
+    removing a large file sends the drive one long discard that reads queue behind
+    (benchmarks/reads_beside_writes.py measures it). False when it cannot be told."""
     try:
         dev, is_node = _dev_of(os.fspath(path))
     except OSError:
