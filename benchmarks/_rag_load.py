@@ -141,10 +141,10 @@ class EpochLoad(_Background):
         return urls
 
     def _work(self) -> None:
-        from flashstream import ShardStream, cache
+        from flashstream import ShardStream, pagecache
 
         while not self._stop.is_set():
-            cache.evict(self.urls)  # each epoch reads the drive
+            pagecache.evict(self.urls)  # each epoch reads the drive
             for sample in ShardStream(self.urls):
                 self.bytes += len(sample["bin"])
                 if self._stop.is_set():

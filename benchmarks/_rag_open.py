@@ -10,7 +10,7 @@ from typing import Dict
 
 import numpy as np
 
-from flashstream import IndexReader, cache
+from flashstream import IndexReader, pagecache
 
 
 def recording_cost(reader: IndexReader, query: np.ndarray, k: int, calls: int = 50_000,
@@ -59,7 +59,7 @@ def open_times(path: Path, rounds: int = 3) -> Dict[str, object]:
     mmap_s, ram_s = [], []
     for _ in range(rounds):
         for use_mmap, out in ((True, mmap_s), (False, ram_s)):
-            cache.evict([path])
+            pagecache.evict([path])
             start = time.perf_counter()
             reader = IndexReader(path, io="mmap", mmap=use_mmap)
             out.append(time.perf_counter() - start)

@@ -17,7 +17,7 @@ import pytest
 
 faiss = pytest.importorskip("faiss")
 
-from flashstream import IndexFormatError, IndexReader, cache  # noqa: E402
+from flashstream import IndexFormatError, IndexReader, pagecache  # noqa: E402
 from flashstream.retrieval.list_cache import ListCache  # noqa: E402
 
 D, N, NLIST = 16, 6000, 32
@@ -143,7 +143,7 @@ def test_page_cache_untouched_and_evict_gives_the_memory_back(indexes, queries):
     with IndexReader(path, io="direct", nprobe=NLIST) as reader:
         assert reader.evict() == 0.0  # the file's page cache dropped (it was just written)
         reader.search(queries, 5)  # every list fetched
-        assert cache.resident_bytes(path) == 0  # O_DIRECT: nothing went through the cache
+        assert pagecache.resident_bytes(path) == 0  # O_DIRECT: nothing went through the cache
         direct = reader._open().direct
         lists = direct.layout
         start, end = int(lists.offsets[0]), int(lists.ends()[-1])
