@@ -13,12 +13,15 @@ model cache of its own:
 Each runs ``--saves`` saves (``rate="auto"``, ``keep=1``, no deadline) of ``--size-share`` x the
 cache, one due every gap: the shortest cliff-free duration from a full cache, plus a third and
 a second, so that a cliff-free schedule always exists. Per save: the seconds the emulated drive
-spent in its cliff (from the save's due time to the next's), the save's duration, and the
+spent in its cliff (from the save's due time to the next's), the data write's duration, and the
 shortest cliff-free duration the drive allows from the fill it really started from (the
-emulator's): unpaced until the cache is full, then at its drain rate. The targets (issue 32):
-fresh, 0 s in the cliff from the second save and every save from the third within 1.3 x the
-shortest; from a wrong model, 0 s in the cliff after the first save that measured the drive,
-and within 1.3 x by the third save. JSON, a table and a plot (benchmarks/_plot_learning.py).
+emulator's): unpaced until the cache is full, then at its drain rate. The ratio the target
+judges is the write's (what the pacing decides); the whole save's, from save() to its commit,
+adds the snapshot's copy and the commit, which no pacing changes, and is shown beside it.
+The targets (issue 32): fresh, 0 s in the cliff from the second save and every save from the
+third within 1.3 x the shortest; from a wrong model, 0 s in the cliff after the first save
+that measured the drive, and within 1.3 x by the third save. JSON, a table and a plot
+(benchmarks/_plot_learning.py).
 """
 
 from __future__ import annotations
@@ -121,7 +124,8 @@ def run_scenario(root: Path, settings: DriveSettings, scenario: str, args) -> Di
                 best = shortest_cliff_free(settings, fill, report.bytes)
                 rows.append({
                     "step": step, "due_s": due, "seconds": took, "shortest_s": best,
-                    "ratio": took / best, "cliff_s": drive.cliff_seconds(due, due + gap),
+                    "write_s": report.write_s, "ratio": report.write_s / best,
+                    "save_ratio": took / best, "cliff_s": drive.cliff_seconds(due, due + gap),
                     "start_fill": fill / settings.cache_size,
                     "plan": report.pacing["plan"], "measured": report.pacing["measured"],
                     "model": _against(model, settings)})
@@ -173,8 +177,9 @@ def _wait_drained(drive: DriveEmulator, settings: DriveSettings) -> None:
 def _print_rows(scenario: str, rows: List[Dict[str, object]]) -> None:
     for r in rows:
         model = r["model"]
-        print(f"  {scenario:5s} save {r['step']}: {r['seconds']:6.2f} s = {r['ratio']:4.2f} x "
-              f"shortest, cliff {r['cliff_s']:5.2f} s, started {r['start_fill']:4.0%} full, "
+        print(f"  {scenario:5s} save {r['step']}: write {r['write_s']:5.2f} s = "
+              f"{r['ratio']:4.2f} x shortest (save {r['save_ratio']:4.2f} x), cliff "
+              f"{r['cliff_s']:5.2f} s, started {r['start_fill']:4.0%} full, "
               f"{r['plan']}{' (measured: ' + r['measured'] + ')' if r['measured'] else ''}; "
               f"planned from cache {_share(model['cache_size'])}, post "
               f"{_share(model['post_cache_rate'])}, recovery {_share(model['recovery_rate'])}",

@@ -46,7 +46,7 @@ def plot(payload: Dict[str, object], path: Path) -> Optional[Path]:
                       "fast": "stored model 4 x too fast"}[name], fontsize=9)
         ax.set_xlabel("save")
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    axes[0, 0].set_ylabel("duration / shortest cliff-free (x: met the cliff)")
+    axes[0, 0].set_ylabel("write duration / shortest cliff-free (x: met the cliff)")
     if len(drives) <= 12:
         axes[0, -1].legend(fontsize=6, loc="upper right")
     fig.suptitle("rate='auto' against the best each emulated drive allows", fontsize=10)

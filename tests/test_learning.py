@@ -44,7 +44,8 @@ def timeline(*stretches):
 
 def learn(model, rows, **kw):
     kw.setdefault("start_fill", 0.0)
-    return learn_from_save(model, rows, total=4e9, end_fill=None, ended=time.time(), **kw)
+    kw.setdefault("total", 4e9)
+    return learn_from_save(model, rows, end_fill=None, ended=time.time(), **kw)
 
 
 def test_a_paced_interval_never_feeds_the_post_cache_rate(tmp_path):
@@ -211,3 +212,113 @@ def test_a_stored_model_several_times_off_is_corrected_by_the_next_save(tmp_path
     assert abs(after / settings.drain_rate - 1) < abs(before / settings.drain_rate - 1), info
     if factor > 1:
         assert after <= 1.1 * settings.drain_rate, info  # lowered to the safe side
+
+
+def _written_on(rows, *, from_start=False):
+    """A WriteOn over ``rows`` (its cliff read as the learner reads it)."""
+    from flashstream.telemetry.cliff import find_cliff
+    from flashstream.telemetry.write_on import WriteOn, _in_cliff_from_start
+
+    cliff = find_cliff(rows, unpaced=True)
+    if cliff is None and from_start:
+        cliff = _in_cliff_from_start(rows, 1000 * MB, 0.65)
+    written = sum(r[1] for r in rows)
+    now = time.monotonic()
+    return WriteOn(cliff, written, now - rows[-1][0], now, rows, from_start=from_start)
+
+
+def test_writing_on_finds_a_cliff_met_in_the_saves_last_requests(tmp_path):
+    """A fresh drive: a 1.5 GB unpaced save at 1 GB/s showed no cliff, and writing on right
+    after it found the drive in its cliff from the first byte (300 MB/s): the cliff was the
+    save's end, so the cache is what the save left in it (by the drain assumed at the
+    post-cache rate until refills measure it), and the post-cache rate is a lower bound."""
+    from flashstream.telemetry.write_learning import learn_written_on
+
+    model = WriteModel(device="t", path=str(tmp_path / "m.json"))
+    save = timeline((1.5, 1000 * MB, 0))
+    assert learn(model, save, total=1.5e9) is None
+    assert model.cliff_free == 1.5e9 and not model.has_cliff
+    found = _written_on(timeline((0.7, 300 * MB, 0)), from_start=True)
+    assert found.cliff is not None and found.cliff.seconds == 0
+    cliff = learn_written_on(model, save, found, offset=1.6, total=1.5e9, save_seconds=1.5)
+    assert cliff.seconds == 1.5 and cliff.bytes_before == 1.5e9
+    assert model.has_cliff and model.cliff_free == 0
+    assert model.post_cache_rate == pytest.approx(300 * MB, rel=0.05)
+    assert model.how("post_cache_rate") == LOWER_BOUND
+    assert model.cache_size == pytest.approx(1.5e9 - 300 * MB * 1.5, rel=0.05)
+
+
+def test_writing_on_finds_a_later_cliff_counted_from_the_saves_start(tmp_path):
+    from flashstream.telemetry.write_learning import learn_written_on
+
+    model = WriteModel(device="t", path=str(tmp_path / "m.json"))
+    save = timeline((1.0, 1000 * MB, 0))
+    learn(model, save, total=1e9)
+    found = _written_on(timeline((0.5, 1000 * MB, 0), (1.0, 250 * MB, 0)))
+    assert found.cliff is not None
+    cliff = learn_written_on(model, save, found, offset=1.1, total=1e9)
+    assert cliff.seconds == pytest.approx(1.6, abs=0.06)
+    assert cliff.bytes_before == pytest.approx(1.5e9, rel=0.04)
+    assert model.has_cliff
+
+
+def test_writing_on_without_a_cliff_says_the_drive_takes_both(tmp_path):
+    from flashstream.telemetry.write_learning import learn_written_on
+
+    model = WriteModel(device="t", path=str(tmp_path / "m.json"))
+    save = timeline((1.0, 1000 * MB, 0))
+    learn(model, save, total=1e9)
+    found = _written_on(timeline((1.0, 1000 * MB, 0)))
+    assert found.cliff is None
+    assert learn_written_on(model, save, found, offset=1.1, total=1e9) is None
+    assert model.cliff_free == pytest.approx(2e9, rel=0.06) and not model.has_cliff
+
+
+@pytest.mark.skipif(__import__("flashstream.emulation", fromlist=["x"]).throttle_support() is None,
+                    reason="needs root and a cgroup block-I/O controller")
+def test_a_cliff_met_at_a_saves_very_end_is_found_by_writing_on(tmp_path):
+    """An emulated drive that takes a save of 1.5 x its cache only just: the save meets the
+    cliff in its last requests, too late for its timeline to show. The learner writes on at
+    once and finds the drive in its cliff: the model gets the cache and a post-cache rate,
+    where before it recorded the save as cliff-free and planned the next ones unpaced into
+    the same cliff."""
+    import os
+
+    import torch
+
+    from flashstream import CheckpointWriter
+    from flashstream.emulation import DriveEmulator, DriveSettings
+
+    settings = DriveSettings(cache_size=128 << 20, post_cache_rate=60 * MB, drain_rate=70 * MB,
+                             fast_rate=200 * MB, hysteresis_share=0.1)
+    burst = settings.cache_size * 200 / (200 - 70)  # bytes to the cliff from empty
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    state = {"w": torch.rand(int(1.01 * burst) // 4)}
+    os.sync()
+    with DriveEmulator(tmp_path, settings) as drive:
+        drive.add_process()
+        with CheckpointWriter(directory, rate="auto", keep=1, chunk_size=1 << 20) as writer:
+            report = writer.save(state, step=0).result()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not writer.learner.measurements:
+                time.sleep(0.1)
+            written_on = list(writer.learner.measurements)
+            learned = load_model(directory)
+    info = (f"pacing {json.dumps(report.pacing, default=str)}; measurements {written_on}; "
+            f"learned {json.dumps(learned.to_dict(), default=str)}")
+    assert report.pacing["measured"] == UNKNOWN_DRIVE, info
+    assert written_on and written_on[0]["kind"] == "write on", info
+    assert written_on[0]["cliff_at_s"] is not None, info
+    assert learned.has_cliff and learned.cliff_free == 0, info
+    assert learned.cache_size == pytest.approx(settings.cache_size, rel=0.35), info
+
+
+def test_the_new_file_rate_comes_only_from_an_unpaced_run(tmp_path):
+    """Unpaced rows between paced ones (a pacer's bursts) are not the drive's new-file rate."""
+    model = WriteModel(device="t", fast_rate=800 * MB, path=str(tmp_path / "m.json"))
+    bursts = timeline(*[(0.05, 1600 * MB, 0), (0.05, 100 * MB, 300 * MB)] * 20)
+    learn(model, bursts, total=2e9)
+    assert model.fast_rate == 800 * MB
+    learn(model, timeline((1.5, 700 * MB, 0)), total=1e9)
+    assert model.fast_rate == pytest.approx(700 * MB, rel=0.02)

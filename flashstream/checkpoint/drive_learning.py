@@ -19,8 +19,14 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
-from ..telemetry.write_learning import drain_lower_bound, learn_after_save, learn_from_save
+from ..telemetry.write_learning import (
+    drain_lower_bound,
+    learn_after_save,
+    learn_from_save,
+    learn_written_on,
+)
 from ..telemetry.write_model import ASSUMED, LOWER_BOUND, WriteModel, drained
+from ..telemetry.write_on import write_on_to_cliff
 from .save_control import UNPREDICTED_CLIFF, SaveController
 
 __all__ = ["DriveLearner"]
@@ -74,15 +80,34 @@ class DriveLearner:
                 model.drain_rate = floor
                 model.note("drain_rate", LOWER_BOUND, "save written past the model's cliff")
                 model.save()
-        if measuring and cliff is not None and controller.ends_full:
-            def fill_then(drain: float) -> float:
-                """The fill this save began from, by the drain the refills measure."""
-                if not prior[1]:
-                    return 0.0  # nothing known before: a drive seen for the first time
-                return drained(prior[0] + written_since, drain, began - prior[1])
+        def fill_then(drain: float) -> float:
+            """The fill this save began from, by the drain the refills measure."""
+            if not prior[1]:
+                return 0.0  # nothing known before: a drive seen for the first time
+            return drained(prior[0] + written_since, drain, began - prior[1])
 
+        if measuring and cliff is not None and controller.ends_full and (
+                model.post_cache_rate is None and model.fast_rate):
+            # A cliff met too near the save's end to read the drive's pace in it: writing on
+            # reads it, then the refills follow.
+            self._stop = stop = threading.Event()
+            self._executor.submit(self._write_on, model, data["timeline"], fill_then,
+                                  full_at - (ended - began), ended - began, total, stop,
+                                  cliff)
+        elif measuring and cliff is not None and controller.ends_full:
             self._stop = stop = threading.Event()
             self._executor.submit(self._refill, model, cliff, fill_then, full_at, total, stop)
+        elif cliff is None and model.fast_rate and (
+                (measuring and controller.ends_full)
+                or (controller.probe and all(r[2] <= 0 for r in data["timeline"]))):
+            # Unpaced to its end and no cliff: it may have met it in its last requests, too
+            # late to show (telemetry/write_on.py). Write on until it does, then refill. So
+            # too a save whose model is not confirmed and planned no pacing at all: it never
+            # reached the point from which it would have measured the drive.
+            self._stop = stop = threading.Event()
+            write_began = full_at - (ended - began)
+            self._executor.submit(self._write_on, model, data["timeline"], fill_then,
+                                  write_began, ended - began, total, stop)
         return {"plan": "measure" if planner is None else "model",
                 "measured": controller.measuring,
                 "measured_from_s": controller.measured_from,
@@ -98,13 +123,43 @@ class DriveLearner:
                 "others_before_bytes": written_since,
                 "others_during_bytes": planner.written - planner.done if planner else None}
 
+    def _write_on(self, model: WriteModel, timeline: Any, fill_then: Any, write_began: float,
+                  save_seconds: float, total: int, stop: threading.Event,
+                  known: Any = None) -> None:
+        """Writes on past a save that met no cliff (see ``learn``): a cliff found gives the
+        model its cache size and post-cache rate, then refills give the recovery rate; none
+        found within the save's size again says the drive takes that much more."""
+        record: Dict[str, object] = {"kind": "write on"}
+        try:
+            found = write_on_to_cliff(self.directory, fast=float(model.fast_rate),
+                                      cap=float(total), stop=stop)
+        except OSError as exn:
+            log.warning("flashstream: could not write on to the drive's cliff: %s", exn)
+            record["error"] = str(exn)
+            self.measurements.append(record)
+            return
+        offset = found.began - write_began  # the first chunk's start, from the save's
+        record.update(written=found.written, interrupted=found.interrupted,
+                      started_s_after_save=offset,
+                      cliff_at_s=None if found.cliff is None else offset + found.cliff.seconds)
+        self.measurements.append(record)
+        if found.cliff is None:
+            if not found.interrupted and known is None:
+                learn_written_on(model, timeline, found, offset, total)
+            return
+        cliff = learn_written_on(model, timeline, found, offset, total,
+                                 start_fill=fill_then, save_seconds=save_seconds, known=known)
+        if cliff is not None and not stop.is_set():
+            self._refill(model, cliff, fill_then, found.ended, total, stop)
+
     def _refill(self, model: WriteModel, cliff: Any, fill_then: Any, full_at: float,
                 cap: int, stop: threading.Event) -> None:
         started = time.monotonic()
         record: Dict[str, object] = {"started_s_after_save": started - full_at}
         try:
             drain = learn_after_save(model, self.directory, cliff=cliff, start_fill=fill_then,
-                                     full_at=full_at, cap=cap, stop=stop)
+                                     full_at=full_at, cap=cap, stop=stop,
+                                     attempts=record.setdefault("refills", []))
         except OSError as exn:
             log.warning("flashstream: could not measure the drive's recovery: %s", exn)
             drain = None

@@ -28,7 +28,7 @@ from .cliff import (
     intervals,
     mean_rate,
 )
-from .probe import measure, new_file_write, preallocated_file
+from .probe import new_file_write
 from .write_model import (
     ASSUMED,
     LOWER_BOUND,
@@ -37,9 +37,11 @@ from .write_model import (
     drained,
     load_model,
 )
+from .write_on import timed_write
 
 __all__ = ["MIN_RATE_SECONDS", "drain_lower_bound", "drive_write_rate", "learn_after_save",
-           "learn_from_save", "learn_sustained", "measure_refills", "refill_drain"]
+           "learn_from_save", "learn_sustained", "learn_written_on", "measure_refills",
+           "refill_drain"]
 
 #: A rate read off fewer seconds of the drive's own pace than this is a lower bound, not a
 #: measurement: the block-I/O throttle and the drive's own folding come in slices of up to a
@@ -69,9 +71,6 @@ def _point_timeline(point) -> List[Tuple[float, float, float]]:
     return out
 
 
-# The sustained probe's request shape: small requests and a fine timeline, so that what is in
-# flight when the cliff comes (and counts as written before it) stays small beside the cache.
-_SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
 
 
 _MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill
@@ -97,7 +96,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     nbytes = parse_size(size, name="size")
     model = load_model(directory, cache_dir)
     progress(f"sustained write of {format_size(nbytes)}")
-    first, _, ended = _timed_write(directory, nbytes)
+    first, _, ended = timed_write(directory, nbytes)
     cliff = find_cliff(_point_timeline(first), unpaced=True)
     model.sources.append("probe")
     model.observations += 1
@@ -137,7 +136,8 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
 def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: float,
                     full_at: float, idle: float, cap: int,
                     progress: Callable[[str], None] = lambda _m: None,
-                    stop: Optional[threading.Event] = None
+                    stop: Optional[threading.Event] = None,
+                    attempts: Optional[List[dict]] = None
                     ) -> Tuple[List[Tuple[float, float]], bool]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
@@ -145,7 +145,8 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
     folding (one that leaves its cliff only once it has freed a margin): the same full cache is
     back, so it is repeated after twice the gap. Returns the readings for
     :func:`refill_drain` and whether the cache was left full. ``stop``: end early (between
-    writes) once set."""
+    writes) once set. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
+    found), for reports."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
     full, ended = True, full_at
@@ -157,16 +158,24 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         elif stop.wait(pause):
             break
         refill = _refill_size(time.monotonic() - ended, fast, post)
-        point, began, written = _timed_write(directory, min(cap, refill))
+        point, began, written = timed_write(directory, min(cap, refill))
         gap, ended = began - ended, written
         # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
-        # second half to give the post-cache rate the stall rule measures against.
+        # second half to give the post-cache rate the stall rule measures against. One
+        # write, not write_on's chunks: at test scale (caches of a hundred MiB) the gaps
+        # between chunks moved the cliffs enough to halve the recovery rate.
         again = find_cliff(_point_timeline(point))
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
         slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
         full = again is not None or slow
+        if attempts is not None:
+            attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
+                             "found": "cliff" if again else "still in the cliff" if slow
+                             else "no cliff",
+                             "reading": (gap + again.seconds, again.bytes_before) if again
+                             else None})
         if again is not None:
             refills.append((gap + again.seconds, again.bytes_before))
             wait += apart  # not 4 x a retried gap: that could drain the whole cache
@@ -214,23 +223,6 @@ def _refill_size(gap: float, fast: float, post: float) -> int:
     return int(1.2 * to_cliff + post) + (32 << 20)
 
 
-def _timed_write(directory: Union[str, os.PathLike], nbytes: int):
-    """A sustained probe write: (its ProbePoint, time.monotonic() when it began, when its last
-    request completed; both a few milliseconds early, the probe's own setup before its clock
-    starts, the same for every write). Both leave out the file's preallocation and removal:
-    the drive folds through them as it does through idle time. Removing the first write's file
-    (3-4 x the cache) takes longer than removing a refill's: 0.1 s longer at test scale here,
-    1.2 s for 6 GB against 1.9 GB (online discard). Left out of the idle gaps, that difference
-    came off the gap difference the recovery rate is computed over (1.5-3 s), so the rate came
-    out low and the cache size, which subtracts it, high."""
-    with preallocated_file(directory, nbytes) as name:
-        began = time.monotonic()
-        point = measure(name, op="write", nbytes=nbytes, **_SHAPE)
-        # The last request's completion, not the end fsync's: the fold starts there.
-        ended = began + point.timeline[-1][0] if point.timeline else time.monotonic()
-        return point, began, ended
-
-
 def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
                     start_fill: float, end_fill: Optional[float], ended: float,
                     measured: bool = False) -> Optional[Cliff]:
@@ -248,10 +240,15 @@ def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
     rows = intervals(timeline)
     unpaced = [r for r in rows if r[3] <= 0]
     cliff = find_cliff(timeline, unpaced=measured)
-    if unpaced and sum(r[1] - r[0] for r in unpaced) >= 1.0 and cliff is None:
-        model.fast_rate = mean_rate(unpaced)
-    elif cliff is not None and cliff.fast_rate:
-        model.fast_rate = cliff.fast_rate
+    # The new-file rate only from an unpaced run (up to the cliff, if any): unpaced rows picked
+    # out from between paced ones are the throttle's or the pacer's bursts, not the drive's
+    # rate (read so, a drive's fast rate came out twice the truth).
+    before = [r for r in rows if cliff is None or r[1] <= cliff.seconds]
+    if before and all(r[3] <= 0 for r in before):
+        if cliff is None and sum(r[1] - r[0] for r in before) >= 1.0:
+            model.fast_rate = mean_rate(before)
+        elif cliff is not None and cliff.fast_rate:
+            model.fast_rate = cliff.fast_rate
     model.sources.append("save")
     model.observations += 1
     if cliff is not None:
@@ -314,7 +311,8 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
 
 def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, cliff: Cliff,
                      start_fill: Callable[[float], float], full_at: float, cap: int,
-                     stop: Optional[threading.Event] = None) -> Optional[float]:
+                     stop: Optional[threading.Event] = None,
+                     attempts: Optional[List[dict]] = None) -> Optional[float]:
     """After a save that met its cliff and wrote on in it unpaced (so it left the cache full at
     ``full_at``, time.monotonic()): two refills of the cache (:func:`measure_refills`, new
     files of at most ``cap`` bytes in ``directory``, removed after) give the recovery rate;
@@ -328,7 +326,7 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     guess = max(float(model.cache_size or cliff.bytes_before), float(64 << 20))
     refills, full = measure_refills(directory, fast=model.fast_rate, post=post,
                                     full_at=full_at, idle=min(_MAX_IDLE, 0.2 * guess / post),
-                                    cap=cap, stop=stop)
+                                    cap=cap, stop=stop, attempts=attempts)
     drain = refill_drain(refills, model.fast_rate)
     if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "learning save, no refill reading")
@@ -357,3 +355,53 @@ def drain_lower_bound(timeline: Timeline, cache_size: float) -> float:
         if end > 0:
             best = max(best, (written - cache_size) / end)
     return best
+
+
+def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float, total: float,
+                     *, start_fill: Optional[Callable[[float], float]] = None,
+                     save_seconds: Optional[float] = None,
+                     known: Optional[Cliff] = None) -> Optional[Cliff]:
+    """Refreshes ``model`` from writing on past a save that met no cliff (``found``, a
+    :class:`~flashstream.telemetry.write_on.WriteOn` that began ``offset`` seconds after the
+    save's write of ``total`` bytes, whose ``timeline`` it was). Its cliff is the save's: at
+    ``offset`` + its seconds, after ``total`` + its bytes; it gives the cache size (from the
+    fill the save began from, ``start_fill(drain)``) and the post-cache rate as a save's cliff
+    does. Without one, the drive took both writes without a cliff: with no cliff known,
+    ``cliff_free`` grows to their sum; with one, the drain is at least what kept it out
+    (:func:`drain_lower_bound`). A cliff at writing on's first byte (the drive in it
+    already) was met in the save's last requests: at ``save_seconds`` (the save's write time),
+    where given. ``known``: the save's own cliff, where it met one too late to read its
+    post-cache rate; writing on (in the cliff still) reads it then. Returns the cliff, counted
+    from the save's start."""
+    model.sources.append("write on")
+    model.observations += 1
+    if found.cliff is None:
+        if not model.has_cliff:
+            model.cliff_free = max(model.cliff_free, float(total + found.written))
+        else:
+            joined = list(timeline) + [(offset + end, nbytes, pace)
+                                       for end, nbytes, pace in found.timeline]
+            floor = drain_lower_bound(joined, float(model.cache_size))
+            if floor > (model.recovery_rate or 0.0):
+                model.drain_rate = floor
+                model.note("drain_rate", LOWER_BOUND, "writing on past a save")
+        model.save()
+        return None
+    seen = found.cliff
+    at = offset + seen.seconds
+    if found.from_start and save_seconds is not None:
+        at = min(at, save_seconds)
+    cliff = known or Cliff(at, total + seen.bytes_before, seen.rate,
+                           seen.fast_rate or model.fast_rate, seen.rate_seconds)
+    rows = [(offset + a, offset + b, bps, pace) for a, b, bps, pace in intervals(found.timeline)]
+    if known is not None and seen.rate is not None and (
+            model.post_cache_rate is None or seen.rate > model.post_cache_rate):
+        model.post_cache_rate = seen.rate  # the save's cliff, read on past its end
+        model.note("post_cache_rate", MEASURED if seen.rate_seconds >= MIN_RATE_SECONDS
+                   else LOWER_BOUND, "writing on past a save", seen.rate_seconds)
+    drain = model.drain_rate or seen.rate or model.post_cache_rate or 0.0
+    ended = time.time() - (time.monotonic() - found.ended)
+    _learn_cliff(model, rows, cliff, start_fill=start_fill(drain) if start_fill else 0.0,
+                 ended=ended, end_fill=None)
+    model.save()
+    return cliff

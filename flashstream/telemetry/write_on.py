@@ -1,0 +1,121 @@
+"""Writing on past a save to find the drive's cliff.
+
+A save that measures the drive (unpaced, checkpoint/save_control.py) and ends without a cliff
+says only that the drive took that much. Where the cliff is near its end (a drive that folds
+almost as fast as it writes, a save the size of what its cache absorbs), the save meets it in
+its last request or two: the emulator, like a drive, is then in its cliff, and the save's
+timeline shows nothing. So the learner writes on at once, unpaced, into scratch files it
+removes, until the cliff comes and the drive has set its own pace in it long enough to read
+its post-cache rate, or until a cap: then the model knows the cliff (or that the cap went
+without one), and the next save is planned around it instead of meeting it unseen.
+
+Written in chunks (a new file each), so that it stops soon after the cliff and between chunks
+once a save is waiting; the chunks' timelines are joined on one clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import List, Optional, Tuple, Union
+
+from .cliff import CLIFF_HOLD_S, Cliff, drive_limited, find_cliff, intervals, mean_rate
+from .probe import measure, preallocated_file
+
+__all__ = ["SHAPE", "WriteOn", "timed_write", "write_on_to_cliff"]
+
+#: Seconds of writing at the fast rate per chunk: how late after the cliff it can stop.
+CHUNK_S = 0.25
+#: Seconds in the cliff before it stops: the hold that places the cliff, and a few intervals
+#: after it for the line that places its start. Not the second more a measured post-cache
+#: rate needs (MIN_RATE_SECONDS in telemetry/write_learning.py): what it shows raises the
+#: figure as a lower bound, and the refills that follow need the time before the next save.
+IN_CLIFF_S = CLIFF_HOLD_S + 0.15
+
+
+# The sustained probe's request shape: small requests and a fine timeline, so that what is in
+# flight when the cliff comes (and counts as written before it) stays small beside the cache.
+SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
+
+
+def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float = 0.0):
+    """A sustained probe write (at most ``seconds`` of writing, 0: no cap): its ProbePoint,
+    time.monotonic() when it began, when its last request completed; both a few milliseconds
+    early, the probe's own setup before its clock starts, the same for every write. Both leave
+    out the file's preallocation and removal: the drive folds through them as it does through
+    idle time. Removing a large file takes longer than removing a small one (online discard):
+    counted into the idle gaps, that difference would come off the gap difference the recovery
+    rate is computed over, and the rate would come out low (the cache size, which subtracts
+    it, high)."""
+    with preallocated_file(directory, nbytes) as name:
+        began = time.monotonic()
+        point = measure(name, op="write", nbytes=nbytes, seconds=seconds, **SHAPE)
+        # The last request's completion, not the end fsync's: the fold starts there.
+        ended = began + point.timeline[-1][0] if point.timeline else time.monotonic()
+        return point, began, ended
+
+
+@dataclasses.dataclass
+class WriteOn:
+    """What writing on found: the cliff (``seconds`` and ``bytes_before`` counted from the
+    first chunk's start), the bytes written, and when (time.monotonic()) the first chunk began
+    and the last request completed."""
+
+    cliff: Optional[Cliff]
+    written: float
+    began: float
+    ended: float
+    timeline: List[Tuple[float, float, float]]
+    interrupted: bool = False
+    from_start: bool = False  # the drive was in its cliff from the first byte
+
+
+def write_on_to_cliff(directory: Union[str, os.PathLike], *, fast: float, cap: float,
+                      stop: Optional[threading.Event] = None, in_cliff: float = IN_CLIFF_S,
+                      unpaced: bool = True) -> WriteOn:
+    """Unpaced new-file writes in ``directory`` (removed after) until ``in_cliff`` seconds
+    past the cliff, or ``cap`` bytes, or ``stop`` is set (checked between chunks). A drive
+    below half ``fast`` from the first byte for as long (at least the hold) is in its cliff
+    from there: a cliff at 0 s, 0 bytes.
+    ``unpaced``: read the cliff as after a write long past it (find_cliff's stall rule)."""
+    chunk = max(int(CHUNK_S * fast), 16 << 20)
+    timeline: List[Tuple[float, float, float]] = []
+    written, began, ended, cliff = 0.0, time.monotonic(), time.monotonic(), None
+    interrupted = from_start = False
+    while written < cap:
+        if stop is not None and stop.is_set():
+            interrupted = True
+            break
+        nbytes = int(min(chunk, cap - written))
+        # At most CHUNK_S of writing: in the cliff a chunk sized at the fast rate takes
+        # several times as long.
+        point, start, ended = timed_write(directory, nbytes, seconds=CHUNK_S)
+        if not timeline:
+            began = start
+        offset, last = start - began, 0.0
+        for end, gbps in point.timeline:
+            timeline.append((offset + end, gbps * 1e9 * (end - last), 0.0))
+            last = end
+        written += point.bytes
+        cliff = find_cliff(timeline, unpaced=unpaced)
+        from_start = cliff is None and (cliff := _in_cliff_from_start(
+            timeline, fast, max(in_cliff, CLIFF_HOLD_S))) is not None
+        if cliff is not None and timeline[-1][0] - cliff.seconds >= in_cliff:
+            break
+    return WriteOn(cliff, written, began, ended, timeline, interrupted,
+                   from_start=cliff is not None and from_start)
+
+
+def _in_cliff_from_start(timeline, fast: float, window: float) -> Optional[Cliff]:
+    """The cliff at the first byte: the save met it in its last requests, so writing on found
+    the drive in it already, below half its fast rate on average for ``window`` s (a drop
+    find_cliff cannot see, having no fast stretch before it). The drive's pace in it is read
+    after the hold, as find_cliff reads it."""
+    rows = intervals(timeline)
+    if not rows or rows[-1][1] < window or mean_rate(rows) >= 0.5 * fast:
+        return None
+    after = drive_limited([r for r in rows if r[0] >= CLIFF_HOLD_S])
+    return Cliff(0.0, 0.0, mean_rate(after) if after else None, None,
+                 sum(r[1] - r[0] for r in after))
