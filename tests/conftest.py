@@ -29,6 +29,62 @@ def own_drive_caches(tmp_path, monkeypatch):
 
 
 ENGINES = ["uring", "threads", "python"]
+
+# -- one suite, every engine ------------------------------------------------------------------
+# `pytest -q` runs everything on the default engine (auto). `.ci/run` then runs the suite again
+# once per other engine, as FLASHSTREAM_ENGINE=<engine> pytest --per-engine, which leaves out:
+#  - modules that move no bytes through an engine (ENGINE_INDEPENDENT, or the marker
+#    `engine_independent`): they would only repeat themselves;
+#  - tests that take the `engine` fixture: they already run on every engine;
+#  - tests marked `timing`: assertions on wall time or rates, kept to the one default run, where
+#    they are already at the mercy of a shared machine;
+#  - on the python engine, tests marked `native_engine`: they check what only the C++ engines
+#    do (the header-hopping index scan, for one), which the python engine leaves to a full scan.
+
+#: Test modules that do not read or write through the engine in force (settings.engine), and
+#: test_entry_points.py: smoke runs of the examples and benchmarks, which check that the scripts
+#: run (the engines' behaviour is what the other modules rerun).
+ENGINE_INDEPENDENT = {
+    "test_cow_snapshot.py", "test_decompress.py", "test_device.py", "test_emulation.py",
+    "test_entry_points.py", "test_fio.py", "test_histogram.py", "test_keys.py", "test_layers.py",
+    "test_learning.py", "test_pacing.py", "test_settings.py",
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--per-engine", action="store_true",
+                     help="rerun only the engine-dependent tests, on FLASHSTREAM_ENGINE "
+                          "(see tests/conftest.py)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engine_independent: moves no bytes through an engine; "
+                                       "not rerun per engine")
+    config.addinivalue_line("markers", "timing: asserts on wall time or rates; run once, on "
+                                       "the default engine, never in --per-engine reruns")
+    config.addinivalue_line("markers", "native_engine: checks what only the C++ engines do; not "
+                                       "rerun on the python engine")
+
+
+def _engine_independent(item) -> bool:
+    return (item.path.name in ENGINE_INDEPENDENT or "benchmarks" in item.path.parts
+            or item.get_closest_marker("engine_independent") is not None)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--per-engine"):
+        return
+    if not os.environ.get("FLASHSTREAM_ENGINE"):
+        raise pytest.UsageError("--per-engine reruns the suite on FLASHSTREAM_ENGINE: set it")
+    python = os.environ["FLASHSTREAM_ENGINE"] == "python"
+    keep, drop = [], []
+    for item in items:
+        rerun = not (_engine_independent(item) or "engine" in getattr(item, "fixturenames", ())
+                     or item.get_closest_marker("timing") is not None
+                     or (python and item.get_closest_marker("native_engine") is not None))
+        (keep if rerun else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 PEER_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "peer-data" / "webdataset"
 
 

@@ -148,6 +148,7 @@ def _timed_direct_write(path, nbytes, block=4 * MiB):
         os.unlink(path)
 
 
+@pytest.mark.timing
 @needs_throttle
 def test_a_write_runs_at_the_post_cache_rate_once_the_cache_is_full(tmp_path):
     from flashstream.emulation import DriveEmulator

@@ -37,6 +37,7 @@ def test_bad_arguments_are_refused_with_the_allowed_values(tmp_path, monkeypatch
         fio.run_fio([tmp_path / "f"], rw="trim")
 
 
+@pytest.mark.timing
 @needs_fio
 def test_a_paced_write_takes_as_long_as_its_rate_says(tmp_path):
     """8 MiB at 16 MiB/s: 7/16 s (the first request goes at once), where the drive alone

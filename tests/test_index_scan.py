@@ -21,6 +21,10 @@ from flashstream.stream import index_scan
 from flashstream.stream.handlers import reraise_exception
 from flashstream.stream.index_scan import SCAN_ENV, scan_shards
 
+# The header-hopping scan is the C++ engines' (the python engine leaves indexing to a full
+# scan): not rerun on the python engine (tests/conftest.py).
+pytestmark = pytest.mark.native_engine
+
 METHODS = ("hop", "sequential", "auto")
 
 

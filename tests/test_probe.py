@@ -10,6 +10,9 @@ from flashstream import engine
 from flashstream.telemetry.fio import fio_available
 from flashstream.telemetry.probe import ProbeConfig, measure, probe
 
+# The probe measures with a C++ engine (the python engine is refused): not rerun on it.
+pytestmark = pytest.mark.native_engine
+
 SMALL = dict(size="16MiB", block_sizes=("64KiB", "1MiB"), queue_depths=(1, 8),
              random_depths=(4,), seconds=0.5, sustained="48MiB", interval=0.02)
 

@@ -57,6 +57,7 @@ def test_closed_loop_counts_and_labels(reader, queries):
     assert summary["recall"] == 1.0 and summary["achieved_qps"] > 0
 
 
+@pytest.mark.timing
 def test_closed_loop_for_a_duration(reader, queries):
     start = time.perf_counter()
     result = closed_loop(reader, queries, 3, threads=2, seconds=0.3)
@@ -101,6 +102,7 @@ def test_bad_load_arguments(reader, queries):
         open_loop(reader, queries, 3, qps=0, seconds=1)
 
 
+@pytest.mark.engine_independent  # a smoke run of the benchmark script
 def test_rag_bench_end_to_end(tmp_path):
     pytest.importorskip("matplotlib")
     out_json = tmp_path / "rag.json"

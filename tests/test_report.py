@@ -35,6 +35,7 @@ def test_stats_merge_over_workers(shards, workers):
     assert stream.stats()["samples"] == 0
 
 
+@pytest.mark.native_engine  # the probe needs a C++ engine
 def test_report_fields_are_consistent(tmp_path, shards):
     stream = ShardStream(shards, chunk_size="64KiB", queue_depth=4)
     result = probe(tmp_path, cache_dir=tmp_path / "cache", size="8MiB",

@@ -127,6 +127,7 @@ def test_index_jobs_write_the_same_sidecars_as_one_scan(tmp_path):
         cli(["index", "--jobs", "x", *shards])
 
 
+@pytest.mark.native_engine  # the C++ scan's sequential method
 def test_a_large_scan_warns_and_index_info_counts_its_bytes(tmp_path, monkeypatch):
     path = tmp_path / "big.tar"
     with wds.TarWriter(str(path)) as writer:
