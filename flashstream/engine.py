@@ -4,6 +4,10 @@ It picks the I/O engine (io_uring, thread pool, or the pure-Python reference), o
 readers over file extents, hands out tar scanners, and moves whole files between memory and
 disk for checkpoints (paced, checksummed writes; reads into a caller's buffer). Everything
 above it deals in paths, ints and buffers.
+
+Longer than the house's ~400 lines, for a reason: it is the one door to the extension, so every
+native entry point is named (and its contract documented) here, once; the engines behind it
+live in csrc/ and, for the reference, in _pyengine/.
 """
 
 from __future__ import annotations
