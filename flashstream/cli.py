@@ -32,6 +32,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         "queue_depth": now.queue_depth,
         "direct": now.direct,
     }
+    from .telemetry.gpu import gpu_info  # torch.cuda queries: only for this command
+
+    gpu = gpu_info()
+    info["cuda"] = ", ".join(c["name"] for c in gpu["cards"]) if gpu["cards"] else \
+        "not available"
+    gds = gpu["gds"]
+    info["gds"] = (f"kvikio {gds['kvikio'] or 'not installed'}, libcufile "
+                   f"{gds['libcufile'] or 'not found'}; not used ({gds['why']})")
     print(json.dumps(info, indent=2) if args.json else
           "\n".join(f"{k:20s} {v}" for k, v in info.items()))
     return 0

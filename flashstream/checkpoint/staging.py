@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import psutil
 import torch
 
 from .. import engine
+from .device_copy import cuda_streams, enqueue_copies, wait_copies
 from .format import Layout
 
 __all__ = ["StagingBuffer", "lost_tensors", "snapshot"]
@@ -115,7 +116,8 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Opti
     Non-contiguous views, any dtype, CPU or CUDA sources. Contiguous CPU tensors are copied in
     one call to the engine (GIL released, on this thread plus the cores that were idle; not
     torch's OpenMP pool, whose per-tensor barrier stalls when other processes hold the cores).
-    CUDA copies are queued non-blocking on each tensor's current stream, then waited for. With
+    CUDA copies are queued non-blocking on a side stream per device, ordered after the work
+    already queued on the current stream, and waited for (that stream only: device_copy.py). With
     ``mode="cow"`` (``WriterConfig.snapshot_mode`` decides "auto"), contiguous CPU tensors
     are not copied now but write-protected (userfaultfd) and copied by a background thread; a
     write to a page not yet copied copies its block first. Either way, when this returns the
@@ -133,7 +135,7 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Opti
     into = staging.tensor.data_ptr() + base
     plain: List[int] = []  # (src, dst, len) triples, flattened
     protect: List[Tuple[int, int, int]] = []  # for the copy-on-write snapshot
-    streams: Dict[torch.device, object] = {}
+    on_device: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (dst, src) of CUDA sources
     with torch.no_grad():
         for slot in layout.slots:
             src = slot.source
@@ -150,16 +152,16 @@ def snapshot(layout: Layout, staging: StagingBuffer, mode: str = "copy") -> Opti
             start = base + slot.offset
             dst = staging.tensor[start:start + slot.nbytes].view(src.dtype).view(src.shape)
             if src.is_cuda:
-                streams.setdefault(src.device, torch.cuda.current_stream(src.device))
-                dst.copy_(src, non_blocking=True)
+                on_device.append((dst, src))
             else:
                 dst.copy_(src.to("cpu") if src.device.type != "cpu" else src)
+    sides = enqueue_copies(on_device, cuda_streams()) if on_device else []
     pad_from = base + layout.data_size
     pad_to = -(-layout.file_size // staging.alignment) * staging.alignment
     staging.tensor[pad_from:pad_to].zero_()  # the tail request writes these; keep them clean
     if plain:
         engine.copy_ranges(np.array(plain, dtype=np.uint64), copy_threads())
-    _wait(streams.values())
+    wait_copies(sides)
     return engine.cow_snapshot(protect) if protect else None
 
 
@@ -173,8 +175,3 @@ def lost_tensors(pending: Any, layout: Layout, staging: StagingBuffer) -> List[s
     lost = [(addr - base, addr - base + length) for addr, length in pending.lost()]
     return [slot.name for slot in layout.slots
             if any(lo < slot.offset + slot.nbytes and slot.offset < hi for lo, hi in lost)]
-
-
-def _wait(streams: Iterable[object]) -> None:
-    for stream in streams:
-        stream.synchronize()
