@@ -28,11 +28,12 @@ __all__ = ["SHAPE", "WriteOn", "timed_write", "write_on_to_cliff"]
 
 #: Seconds of writing at the fast rate per chunk: how late after the cliff it can stop.
 CHUNK_S = 0.25
-#: Seconds in the cliff before it stops: the hold that places the cliff, and a few intervals
-#: after it for the line that places its start. Not the second more a measured post-cache
-#: rate needs (MIN_RATE_SECONDS in telemetry/write_learning.py): what it shows raises the
-#: figure as a lower bound, and the refills that follow need the time before the next save.
-IN_CLIFF_S = CLIFF_HOLD_S + 0.15
+#: Seconds in the cliff before it stops: the hold that places the cliff, then long enough for
+#: a measured post-cache rate (MIN_RATE_SECONDS in telemetry/write_learning.py, and a chunk
+#: for the timeline's last interval). The refills after it are sized from that rate: with a
+#: lower bound read off a few intervals instead, they came out too small to reach the cliff
+#: on drives that fold fast, and the recovery stayed assumed.
+IN_CLIFF_S = CLIFF_HOLD_S + 0.5 + 0.25
 
 
 # The sustained probe's request shape: small requests and a fine timeline, so that what is in
