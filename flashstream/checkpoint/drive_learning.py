@@ -155,7 +155,8 @@ class DriveLearner:
     def _refill(self, model: WriteModel, cliff: Any, fill_then: Any, full_at: float,
                 cap: int, stop: threading.Event) -> None:
         started = time.monotonic()
-        record: Dict[str, object] = {"started_s_after_save": started - full_at}
+        record: Dict[str, object] = {"kind": "refills",
+                                     "started_s_after_save": started - full_at}
         try:
             drain = learn_after_save(model, self.directory, cliff=cliff, start_fill=fill_then,
                                      full_at=full_at, cap=cap, stop=stop,
