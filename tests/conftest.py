@@ -38,6 +38,8 @@ ENGINES = ["uring", "threads", "python"]
 #  - tests that take the `engine` fixture: they already run on every engine;
 #  - tests marked `timing`: assertions on wall time or rates, kept to the one default run, where
 #    they are already at the mercy of a shared machine;
+#  - tests marked `machine_wide`: they check state every process shares (what is left in
+#    /dev/shm), so they cannot run beside another session, as the per-engine reruns do;
 #  - on the python engine, tests marked `native_engine`: they check what only the C++ engines
 #    do (the header-hopping index scan, for one), which the python engine leaves to a full scan.
 
@@ -64,6 +66,8 @@ def pytest_configure(config):
                                        "the default engine, never in --per-engine reruns")
     config.addinivalue_line("markers", "native_engine: checks what only the C++ engines do; not "
                                        "rerun on the python engine")
+    config.addinivalue_line("markers", "machine_wide: checks state every process shares; not in "
+                                       "the per-engine reruns, which run side by side")
 
 
 def _engine_independent(item) -> bool:
@@ -81,6 +85,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         rerun = not (_engine_independent(item) or "engine" in getattr(item, "fixturenames", ())
                      or item.get_closest_marker("timing") is not None
+                     or item.get_closest_marker("machine_wide") is not None
                      or (python and item.get_closest_marker("native_engine") is not None))
         (keep if rerun else drop).append(item)
     config.hook.pytest_deselected(items=drop)

@@ -72,6 +72,7 @@ def usage(processes):
     return out
 
 
+@pytest.mark.machine_wide  # counts every process's flashstream files in /dev/shm
 @pytest.mark.parametrize("path", ["samples", "tensors"])
 def test_ten_epochs_with_persistent_workers_leak_nothing(tmp_path, path):
     urls = [str(p) for p in write_shards(tmp_path / "d", 4, 60, sizes=[3000, 20000])]
