@@ -13,6 +13,7 @@ from typing import Dict, Optional
 import pytest
 
 from flashstream.telemetry import device as device_mod
+from flashstream.telemetry import nvme_health as nvme_health_mod
 from flashstream.telemetry.device import DeviceInfo, device_of, format_device, online_discard
 
 
@@ -310,7 +311,7 @@ def test_nvme_cli_failures_are_not_available(fake, nvme_target, tmp_path, monkey
                                              reason):
     fake_nvme(tmp_path / "bin", body)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(device_mod, "NVME_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(nvme_health_mod, "NVME_TIMEOUT_S", 0.5)
     health = fake.device_of(nvme_target, health=True).nvme_health
     assert health["status"] == "not available"
     assert reason in health["reason"]

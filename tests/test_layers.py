@@ -34,12 +34,7 @@ LAYERS: List[Tuple[str, bool, Tuple[str, ...]]] = [
 #: Modules allowed to do what only one place should (see the tests below), with the reason.
 ONLY_THE_ENGINE_IMPORTS_THE_CORE = {"flashstream.engine"}
 WORLD_QUESTIONS = re.compile(r"\bget_worker_info\b|\bdist\.get_rank\b|\bdist\.get_world_size\b")
-ASKS_THE_WORLD = {
-    "flashstream.world",
-    # CheckpointWriter's rank default; its module is being reworked in another change, which
-    # moves this to flashstream.world.process_group.
-    "flashstream.checkpoint.writer",
-}
+ASKS_THE_WORLD = {"flashstream.world"}
 
 
 def _module_name(path: Path) -> str:

@@ -29,20 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import json
 import os
 import re
 import shutil
 import stat
-import warnings
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
 from ..mappings import mappings_of
 
-__all__ = ["CheckpointInfo", "StepDir", "WriterLock", "atomic_write_text", "by_commit",
+__all__ = ["CheckpointInfo", "StepDir", "atomic_write_text", "by_commit",
            "claim_spare", "fsync_dir", "list_checkpoints", "newest_complete", "prune",
            "read_latest", "remove_spares", "remove_stale_temporaries", "spare_file",
            "write_latest"]
@@ -391,58 +388,13 @@ def prune(directory: PathLike, keep: Optional[int], *, gradual: bool = False,
     return removed
 
 
-class WriterLock:
-    """One writer per rank and directory: an exclusive ``flock`` on
-    ``<directory>/.writer-rank-NNNNN.lock`` for as long as the writer lives. Two writers of one
-    rank would delete each other's temporary files, replace each other's committed files and
-    prune each other's steps; the second is refused instead. The kernel drops the lock when its
-    process dies (even by SIGKILL), so a crash never leaves the directory locked."""
-
-    def __init__(self, directory: PathLike, rank: int) -> None:
-        self._fd = -1
-        self.path = Path(directory) / f".writer-rank-{rank:05d}.lock"
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                if err.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
-                    warnings.warn(f"{directory}: this filesystem does not lock files "
-                                  f"({os.strerror(err.errno)}); nothing stops a second writer "
-                                  f"of rank {rank} here", stacklevel=3)
-                    self._fd = fd
-                    return
-                os.close(fd)
-                raise
-            holder = os.pread(fd, 64, 0).decode("utf-8", "replace").strip()
-            os.close(fd)
-            raise RuntimeError(
-                f"{directory}: another CheckpointWriter ({holder or 'another process'}) is "
-                f"writing rank {rank} here; two writers of one rank would replace and prune "
-                f"each other's checkpoints (close the other, or use another directory)"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # the lock goes with the descriptor; the file stays
-            self._fd = -1
-
-    def __del__(self) -> None:  # a writer dropped without close() frees its rank
-        self.release()
-
-
 def remove_stale_temporaries(directory: PathLike, rank: int, *,
                              gradual: bool = False) -> List[Path]:
     """Delete temporary files a killed earlier run of this rank left behind (call it holding
-    the rank's :class:`WriterLock`: then no live writer owns them); ``gradual`` as in
-    :func:`remove_step`: such a file is often a whole checkpoint's size (a claimed spare, or
-    a new file reserved in full before the kill). Returns what was removed."""
+    the rank's writer lock, checkpoint/writer_lock.py: then no live writer owns them);
+    ``gradual`` as in :func:`remove_step`: such a file is often a whole checkpoint's size (a
+    claimed spare, or a new file reserved in full before the kill). Returns what was
+    removed."""
     prefix = f".rank-{rank:05d}-of-"
     stale = [info.path / name for info in list_checkpoints(directory)
              for name in sorted(os.listdir(info.path))

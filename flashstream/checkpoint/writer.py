@@ -2,8 +2,8 @@
 
 ``save()`` blocks only while it copies the tensors into reused staging memory. A background
 thread then writes that memory as one file per rank with large aligned O_DIRECT requests,
-paced as configured, checksums every tensor, syncs, and commits by rename (see store.py for
-the directory protocol and format.py for the file format).
+paced as configured (``rate="auto"``: auto_pacing.py), checksums every tensor, syncs, and
+commits by rename (commit.py; store.py has the directory protocol, format.py the file format).
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ import contextlib
 import gc
 import json
 import logging
-import math
-import operator
 import os
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,107 +20,44 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
-import torch
 
 from .. import engine
 from ..errors import SnapshotLostError
 from ..sizes import parse_size
-from ..telemetry.device import device_of, online_discard
-from ..telemetry.diskstats import disk_bytes_written
+from ..telemetry.device import online_discard
 from ..telemetry.histogram import LatencyHistogram
-from ..telemetry.write_model import WriteModel, load_model
+from ..world import process_group
+from .arguments import check_directory_name, check_writable, step_number
+from .auto_pacing import AutoPacing
+from .commit import commit_rank_file, finish_step
 from .config import WriterConfig
-from .drive_learning import DriveLearner
 from .format import FORMAT_VERSION, HEADER_ALIGNMENT, Layout, assemble, header_bytes, plan
-from .pacing import PlanSettings
 from .relayout import Plan, relayout
 from .report import SaveReport
-from .save_control import plan_save
+from .save_handle import SaveHandle
 from .staging import StagingBuffer, lost_tensors, snapshot
 from .store import (
     StepDir,
-    WriterLock,
-    atomic_write_text,
     claim_spare,
     fsync_dir,
-    inspect_step,
     list_checkpoints,
-    prune,
     remove_spares,
     remove_stale_temporaries,
-    write_latest,
 )
 from .structure import flatten
+from .writer_lock import WriterLock
 
 __all__ = ["CheckpointWriter", "SaveHandle"]
 
 log = logging.getLogger(__name__)
-_POLL_S = 0.05  # how often rank 0 looks for the other ranks' markers
-_FIRST_TAIL_S = 0.2  # header, sync and commit of a save before one was timed
-# Pruning an older checkpoint before one was timed: unlinking a preallocated 1.3 GB file on
-# ext4 took 0.30-0.34 s here (freeing its extents), so ~0.25 s per GB.
-_FIRST_PRUNE_S_PER_BYTE = 0.25e-9
-# The same, a slice at a time on an online-discard filesystem (store.remove_step): 3.6 GB took
-# about 1.2 s on the emulated qlc benchmark here.
-_FIRST_GRADUAL_PRUNE_S_PER_BYTE = 0.35e-9
-# Recycling the pruned checkpoint's file instead (renames, a scan of /proc for readers of it):
-# milliseconds whatever its size; this allows 10 ms per GB.
-_FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
-
-
-class SaveHandle:
-    """The pending result of one ``CheckpointWriter.save``."""
-
-    def __init__(self, step: int, future: Optional[Future], path: Optional[Path],
-                 copied: Optional[threading.Event] = None) -> None:
-        self.step = step
-        self.path = path  # this rank's file once committed
-        self._future = future
-        self._copied = copied
-        self.observed = future is None
-
-    def wait_snapshot(self, timeout: Optional[float] = None) -> bool:
-        """Until the snapshot holds a copy of every source tensor; False on timeout.
-
-        Returns at once when save() copied everything (``snapshot="copy"``). With the
-        copy-on-write snapshot (``"cow"``, and the default ``"auto"`` where the kernel allows
-        it) the copy runs in the background: call this before freeing or
-        resizing a saved tensor's storage (FSDP's ``resize_(0)``), which would otherwise fail
-        the save with ``SnapshotLostError``. Writing to the tensors needs no wait.
-        """
-        return self._copied is None or self._copied.wait(timeout)
-
-    @property
-    def skipped(self) -> bool:
-        """True when the save was skipped because the previous one was still writing."""
-        return self._future is None
-
-    def done(self) -> bool:
-        return self._future is None or self._future.done()
-
-    def result(self, timeout: Optional[float] = None) -> Optional[SaveReport]:
-        """Wait for the write and commit; return its report (None when skipped).
-
-        Raises what the background write raised (``OSError`` for a full disk, ...).
-        """
-        if self._future is None:
-            return None
-        self.observed = True
-        return self._future.result(timeout)
-
-    def __repr__(self) -> str:
-        state = "skipped" if self.skipped else "done" if self.done() else "writing"
-        return f"SaveHandle(step={self.step}, {state})"
 
 
 def _world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     """This process's rank and the world size: given, else torch.distributed's, else 0 of 1."""
-    if rank is None or world_size is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
+    group = process_group() if rank is None or world_size is None else None
+    if group is not None:
+        rank = group[0] if rank is None else rank
+        world_size = group[1] if world_size is None else world_size
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
     if not 0 <= rank < world_size:
@@ -182,45 +116,6 @@ def _reserved(reserve: Any, alignment: int) -> Tuple[int, Optional[Plan]]:
     return -(-size // alignment) * alignment, plan
 
 
-def _step_number(step: Any) -> int:
-    """An int from any integer a training loop holds: an int, a numpy integer, or a
-    one-element tensor holding a whole number (AdamW keeps its step as a float32 one)."""
-    if isinstance(step, torch.Tensor):
-        value = step.item() if step.numel() == 1 and step.dtype != torch.bool else None
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
-            raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        step = int(value)
-    if isinstance(step, bool) or not hasattr(step, "__index__"):
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    step = operator.index(step)
-    if step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    return step
-
-
-#: Names that say "a file": torch.save's habits. CheckpointWriter takes a directory.
-_FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
-
-
-def _check_directory_name(directory: Path) -> None:
-    if directory.suffix.lower() in _FILE_SUFFIXES and not directory.is_dir():
-        raise ValueError(f"CheckpointWriter writes a directory of step directories, and "
-                         f"{str(directory)!r} names a file (torch.save writes one file); give a "
-                         f"directory such as {str(directory.with_suffix(''))!r}")
-
-
-def _check_writable(directory: Path) -> None:
-    """Raise now, not from the first save's result(), when nothing can be written here (a
-    read-only filesystem, no permission)."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".flashstream-writable-", dir=directory)
-    except OSError as err:
-        raise OSError(err.errno, f"checkpoint directory {directory} is not writable: "
-                                 f"{err.strerror}", str(directory)) from None
-    os.close(fd)
-    os.unlink(name)
-
-
 class CheckpointWriter:
     """Asynchronous, paced, crash-safe checkpoints of training state.
 
@@ -244,13 +139,13 @@ class CheckpointWriter:
                  reserve: Any = None, **options: Any) -> None:
         self.config = WriterConfig(**options)
         self.directory = Path(directory)
-        _check_directory_name(self.directory)
+        check_directory_name(self.directory)
         self.rank, self.world_size = _world(rank, world_size)
         self._staging = StagingBuffer(pinned=pinned)
         reserved, planned = (None, None) if reserve is None else \
             _reserved(reserve, self._staging.alignment)
         self.directory.mkdir(parents=True, exist_ok=True)
-        _check_writable(self.directory)
+        check_writable(self.directory)
         self._lock_file = WriterLock(self.directory, self.rank)
         try:
             # Online discard: remove old checkpoints a slice at a time (store.remove_step).
@@ -262,23 +157,15 @@ class CheckpointWriter:
             self._lock_file.release()
             raise
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
-        self.learner = DriveLearner(self.directory, self._executor)  # rate="auto"
+        self._auto = AutoPacing(self.directory, self.config, self._executor,
+                                online_discard=self._online_discard)
+        self.learner = self._auto.learner  # what rate="auto" learns of the drive
         self._pending: Optional[SaveHandle] = None
         self._plan: Optional[Plan] = planned  # the last save's layout, for the next (relayout.py)
         self._lock = threading.Lock()
         self._closed = False
         self.reports: List[SaveReport] = []
         self.skipped = 0
-        self._disk_name: Optional[str] = None
-        # Seconds from the last data byte to the save's end (header, sync, commit): with
-        # rate="auto" the data write must leave that much of ``within`` over.
-        self._tail_s = _FIRST_TAIL_S
-        # (time.time(), the drive's written bytes) when the last save's data ended (rate="auto")
-        self._disk_mark: Optional[Tuple[float, Optional[int]]] = None
-        self._prune_s_per_byte = (_FIRST_RECYCLE_S_PER_BYTE if self.config.recycle
-                                  else _FIRST_GRADUAL_PRUNE_S_PER_BYTE if self._online_discard
-                                  else _FIRST_PRUNE_S_PER_BYTE)
-        self._prune_s = 0.0  # the last save's pruning (part of its tail, timed apart)
 
     # -- saving ---------------------------------------------------------------------------
 
@@ -292,9 +179,9 @@ class CheckpointWriter:
         """
         if self._closed:
             raise ValueError("save() on a closed CheckpointWriter")
-        step = _step_number(step)
+        step = step_number(step)
         started = time.perf_counter()
-        self.learner.interrupt()  # a refill measurement after the last save ends now
+        self.learner.interrupt()  # a measurement of the drive after the last save ends now
         previous = self._pending
         if previous is not None and not previous.done():
             if self.config.if_busy == "skip":
@@ -357,16 +244,11 @@ class CheckpointWriter:
         tmp = step_dir.temp_file(self.rank, self.world_size)
         capacity = -(-layout.file_size // self._staging.alignment) * self._staging.alignment
         rate = cfg.pacing(layout.data_size)
-        model = load_model(self.directory) if cfg.rate == "auto" else None
-        written_since = self._written_since(model)
-        controller = None if model is None else plan_save(
-            model, total=capacity, within=self._time_left(called, layout.file_size),
-            settings=PlanSettings(deadline_policy=cfg.deadline_policy), read_slo=cfg.read_slo,
-            disk=self._disk(), lead=cfg.chunk_size * cfg.queue_depth,
-            min_rate=cfg.adaptive.min_rate, written_since=written_since)
+        auto = self._auto.plan(capacity=capacity, time_left=self._time_left(
+            called, layout.file_size))
+        controller = auto.controller if auto else None
         if controller is not None:
             rate = 0.0  # the controller sets the pace
-        start_fill = model.fill_at(written=written_since) if model else 0.0
         # A pruned checkpoint's file, written over: no blocks to allocate, none to discard.
         recycled = cfg.recycle and claim_spare(self.directory, self.rank, tmp)
         try:
@@ -378,7 +260,7 @@ class CheckpointWriter:
         # Buffered (no O_DIRECT here): the drive takes the save's bytes when the page cache
         # flushes them, not as they complete, so its counter would count them again as
         # another writer's. Only the save's own bytes are counted then.
-        counted_disk = self._disk() if out.direct else None
+        counted_disk = self._auto.disk() if out.direct else None
         if controller is not None:
             controller.disk = counted_disk
         write_start, began = time.perf_counter(), time.time()
@@ -391,8 +273,8 @@ class CheckpointWriter:
                                  control=controller.control if controller else None,
                                  paced_chunk_size=cfg.paced_chunk_size)
             ended, data_end, full_at = time.time(), time.perf_counter(), time.monotonic()
-            if model is not None:  # what the drive takes from here on fills the next estimate
-                self._disk_mark = (ended, disk_bytes_written(counted_disk))
+            if auto is not None:
+                self._auto.data_ended(ended, counted_disk)
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
             head = out.write(self._staging.view(0, layout.header_size), 0,
@@ -403,24 +285,21 @@ class CheckpointWriter:
             _unlink(tmp)
             raise
         committed = time.perf_counter()
-        final = step_dir.rank_file(self.rank, self.world_size)
-        os.replace(tmp, final)
-        fsync_dir(step_dir.path)
-        marker = {"file": final.name, "size": layout.file_size, "step": step_dir.step,
-                  "rank": self.rank, "world_size": self.world_size,
-                  "header_crc32c": f"{engine.crc32c(header):08x}", "time": time.time()}
-        atomic_write_text(step_dir.marker(self.rank, self.world_size), json.dumps(marker))
-        self._prune_s = 0.0
+        final = commit_rank_file(step_dir, tmp, rank=self.rank, world_size=self.world_size,
+                                 file_size=layout.file_size, header=header)
+        self._auto.prune_s = 0.0
         if self.rank == 0:
-            self._finish_step(step_dir, layout.file_size)
+            pruned = finish_step(self.directory, step_dir, world_size=self.world_size,
+                                 timeout=cfg.commit_timeout, keep=cfg.keep,
+                                 gradual=self._online_discard, recycle=cfg.recycle)
+            if pruned is not None:
+                self._auto.pruned(pruned, layout.file_size)
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
-        if model is not None:
-            report.pacing = self.learner.learn(
-                model, controller, data, total=capacity, start_fill=start_fill, ended=ended,
-                written_since=written_since, began=began, full_at=full_at,
-                deadline=cfg.within)
-            self._tail_s = time.perf_counter() - data_end - self._prune_s
+        if auto is not None:
+            report.pacing = self._auto.learn(auto, data, total=capacity, ended=ended,
+                                             began=began, full_at=full_at)
+            self._auto.tail_s = time.perf_counter() - data_end - self._auto.prune_s
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
         report.write_start_s = write_start - called
@@ -430,56 +309,13 @@ class CheckpointWriter:
         return report
 
     def _time_left(self, called: float, file_size: int) -> Optional[float]:
-        """rate="auto": seconds the data write has to finish by ``within`` (counted from the
-        save() call), less the time already gone and what the save does after its data
-        (header, sync, commit, and removing the oldest checkpoint where ``keep`` will)."""
-        if self.config.within is None:
-            return None
-        tail = self._tail_s
+        """rate="auto": seconds the data write has to finish by ``within`` (AutoPacing), with
+        removing the oldest checkpoint in the save's tail where ``keep`` will."""
         keep = self.config.keep
-        if self.rank == 0 and keep is not None and sum(
-                c.complete for c in list_checkpoints(self.directory)) >= keep:
-            tail += self._prune_s_per_byte * file_size
-        left = self.config.within - (time.perf_counter() - called) - tail
-        return max(left, 1e-3)
-
-    def _written_since(self, model: Optional[WriteModel]) -> float:
-        """Bytes the drive took since this writer's last save ended its data (this writer's
-        header, sync and pruning, other processes' writes), where the model's fill estimate
-        dates from then: they fill the drive's cache too. 0 when unknown."""
-        mark = self._disk_mark
-        if model is None or mark is None or mark[1] is None or model.fill_time != mark[0]:
-            return 0.0
-        now = disk_bytes_written(self._disk())
-        return float(max(0, now - mark[1])) if now is not None else 0.0
-
-    def _disk(self) -> Optional[str]:
-        if self._disk_name is None:
-            try:
-                self._disk_name = device_of(self.directory, health=False).name or ""
-            except OSError:
-                self._disk_name = ""
-        return self._disk_name or None
-
-    def _finish_step(self, step_dir: StepDir, file_size: int) -> None:
-        """Rank 0: once every rank's marker is there, point ``latest`` at it and prune."""
-        deadline = time.monotonic() + self.config.commit_timeout
-        while True:
-            info = inspect_step(step_dir.path)
-            if info is not None and info.complete:
-                break
-            if time.monotonic() > deadline:
-                missing = info.missing_ranks if info else list(range(self.world_size))
-                raise TimeoutError(f"checkpoint step {step_dir.step}: ranks {missing} did not "
-                                   f"commit within {self.config.commit_timeout} s; the step "
-                                   f"stays incomplete")
-            time.sleep(_POLL_S)
-        write_latest(self.directory, info)
-        started = time.perf_counter()
-        if prune(self.directory, self.config.keep, gradual=self._online_discard,
-                 newest=step_dir.step, recycle=self.config.recycle):
-            self._prune_s = time.perf_counter() - started
-            self._prune_s_per_byte = self._prune_s / max(file_size, 1)
+        prunes = self.config.within is not None and self.rank == 0 and keep is not None and \
+            sum(c.complete for c in list_checkpoints(self.directory)) >= keep
+        return self._auto.time_left(
+            called, self._auto.prune_s_per_byte * file_size if prunes else 0.0)
 
     def _report(self, step: int, path: Path, layout: Layout, data: dict, head: dict,
                 stall: float, waited: float, sync_s: float, commit_s: float) -> SaveReport:

@@ -10,26 +10,21 @@ on its own, so one unreadable file gives ``None`` for that field and nothing els
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-import shutil
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..sizes import format_size
+from .nvme_health import not_available, nvme_health
 
 __all__ = ["KINDS", "DeviceInfo", "device_of", "format_device", "online_discard"]
 
 KINDS = ("disk", "dm", "md", "loop", "virtual")
-NVME_TIMEOUT_S = 5.0
 # dm/md stacks deeper than this are cut off rather than followed: real stacks are 2-3 deep
 # (LVM on LUKS on a partition), and a cycle in a fake or racing sysfs must not recurse forever.
 _MAX_DEPTH = 8
-# nvme-cli's "data unit" is 1000 blocks of 512 bytes (NVMe spec, SMART log page).
-_DATA_UNIT_BYTES = 512_000
 
 
 @dataclass(frozen=True)
@@ -137,7 +132,7 @@ def _device_of(path: str, roots: _Roots, seen: Tuple[str, ...]) -> DeviceInfo:
     }
     sys_dir = _sysfs_dir(roots.sysfs, dev) or _source_dir(roots.sysfs, mount)
     if sys_dir is None:
-        return DeviceInfo(path=path, dev=dev, kind="virtual", nvme_health=_not_available(
+        return DeviceInfo(path=path, dev=dev, kind="virtual", nvme_health=not_available(
             "no block device behind this path"), **mount_fields)
     return _block_info(path, dev, sys_dir, mount_fields, roots, seen + (dev,))
 
@@ -158,7 +153,7 @@ def _block_info(path: str, dev: str, sys_dir: str, mount_fields: Dict[str, Any],
         transport=_transport(name, disk_dir), **mount_fields,
         slaves=slaves, disks=_underlying_disks(disk_dir, depth=0) if slaves else (),
         backing_file=backing_file, backing=_backing(backing_file, roots, seen),
-        nvme_health=_nvme_health(name) if roots.health else _not_available("health=False"),
+        nvme_health=nvme_health(name) if roots.health else not_available("health=False"),
     )
 
 
@@ -345,70 +340,6 @@ def _mount_for(mounts: List[_Mount], target: str, dev: str, is_node: bool) -> Op
     if not same:
         return None
     return max(same, key=lambda c: (len(c[1].mountpoint), c[0]))[1]
-
-
-# --- NVMe health -------------------------------------------------------------------------------
-
-def _not_available(reason: str) -> Dict[str, Any]:
-    return {"status": "not available", "reason": reason}
-
-
-def _nvme_health(name: str) -> Dict[str, Any]:
-    """SMART figures from ``nvme smart-log``; a "not available" dict for any failure."""
-    if not name.startswith("nvme"):
-        return _not_available(f"{name} is not an NVMe device")
-    nvme = shutil.which("nvme")
-    if nvme is None:
-        return _not_available("nvme-cli is not installed (no 'nvme' on PATH)")
-    node = f"/dev/{name}"
-    try:
-        run = subprocess.run([nvme, "smart-log", node, "-o", "json"], capture_output=True,
-                             text=True, timeout=NVME_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return _not_available(f"nvme smart-log {node} took longer than {NVME_TIMEOUT_S:g} s")
-    except OSError as exc:
-        return _not_available(f"cannot run {nvme}: {exc}")
-    if run.returncode != 0:
-        detail = (run.stderr.strip().splitlines() or ["no message"])[-1]
-        return _not_available(f"nvme smart-log {node} exited {run.returncode}: {detail}")
-    try:
-        log = json.loads(run.stdout)
-    except ValueError:
-        log = None
-    if not isinstance(log, dict):
-        return _not_available(f"nvme smart-log {node} did not print a JSON object")
-    return _health_fields(log, node)
-
-
-def _as_int(value: Any) -> Optional[int]:
-    """nvme-cli prints counters as numbers, 128-bit ones as strings, and (2.x) some as objects."""
-    if isinstance(value, dict):
-        value = value.get("value")
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        return None
-    try:
-        return int(str(value).replace(",", "").strip())
-    except ValueError:
-        return None
-
-
-def _health_fields(log: Dict[str, Any], node: str) -> Dict[str, Any]:
-    used = _as_int(log.get("percent_used", log.get("percentage_used")))
-    units = _as_int(log.get("data_units_written"))
-    temp = _as_int(log.get("temperature"))
-    # The SMART log stores kelvin; some nvme-cli versions print it converted to celsius.
-    if temp is not None and temp > 200:
-        temp -= 273
-    return {
-        "status": "ok",
-        "device": node,
-        "percent_used": used,
-        "data_units_written": units,
-        "bytes_written": units * _DATA_UNIT_BYTES if units is not None else None,
-        "temperature_c": temp,
-        "critical_warning": _as_int(log.get("critical_warning")),
-        "power_on_hours": _as_int(log.get("power_on_hours")),
-    }
 
 
 # --- text --------------------------------------------------------------------------------------
