@@ -212,7 +212,11 @@ class PythonReader:
         for _, buffer, future in self._inflight:
             self._recycle(buffer, future)
         self._inflight.clear()
-        self._pool.shutdown(wait=True)
+        # Every read has completed: the pool's threads are idle, and are let go without a
+        # join. A join can deadlock the process when close() runs from a finalizer (a reader
+        # or its pass dropped unclosed): the collector runs those wherever it is triggered,
+        # even inside another thread's start, which holds the lock a join needs.
+        self._pool.shutdown(wait=False)
         for file in self._files:
             file.close()
         self._files.clear()
