@@ -86,28 +86,27 @@ class DriveLearner:
                 return 0.0  # nothing known before: a drive seen for the first time
             return drained(prior[0] + written_since, drain, began - prior[1])
 
-        if measuring and cliff is not None and controller.ends_full and (
-                model.post_cache_rate is None and model.fast_rate):
-            # A cliff met too near the save's end to read the drive's pace in it: writing on
-            # reads it, then the refills follow.
-            self._stop = stop = threading.Event()
-            self._executor.submit(self._write_on, model, data["timeline"], fill_then,
-                                  full_at - (ended - began), ended - began, total, stop,
-                                  cliff)
-        elif measuring and cliff is not None and controller.ends_full:
-            self._stop = stop = threading.Event()
-            self._executor.submit(self._refill, model, cliff, fill_then, full_at, total, stop)
-        elif cliff is None and model.fast_rate and (
-                (measuring and controller.ends_full)
-                or (controller.probe and all(r[2] <= 0 for r in data["timeline"]))):
+        ends_full = measuring and controller.ends_full
+        write_began, save_s = full_at - (ended - began), ended - began
+        job: Optional[tuple] = None
+        if cliff is not None and ends_full:
+            # Where the cliff came too near the save's end to read the drive's pace in it,
+            # writing on reads it first; the refills follow either way.
+            job = (self._refill, model, cliff, fill_then, full_at, total) \
+                if model.post_cache_rate is not None or not model.fast_rate else \
+                (self._write_on, model, data["timeline"], fill_then, write_began, save_s,
+                 total, cliff)
+        elif cliff is None and model.fast_rate and (ends_full or (
+                controller.probe and all(r[2] <= 0 for r in data["timeline"]))):
             # Unpaced to its end and no cliff: it may have met it in its last requests, too
             # late to show (telemetry/write_on.py). Write on until it does, then refill. So
             # too a save whose model is not confirmed and planned no pacing at all: it never
             # reached the point from which it would have measured the drive.
-            self._stop = stop = threading.Event()
-            write_began = full_at - (ended - began)
-            self._executor.submit(self._write_on, model, data["timeline"], fill_then,
-                                  write_began, ended - began, total, stop)
+            job = (self._write_on, model, data["timeline"], fill_then, write_began, save_s,
+                   total, None)
+        if job is not None:
+            self._stop = threading.Event()
+            self._executor.submit(*job, self._stop)
         return {"plan": "measure" if planner is None else "model",
                 "measured": controller.measuring,
                 "measured_from_s": controller.measured_from,
@@ -124,8 +123,8 @@ class DriveLearner:
                 "others_during_bytes": planner.written - planner.done if planner else None}
 
     def _write_on(self, model: WriteModel, timeline: Any, fill_then: Any, write_began: float,
-                  save_seconds: float, total: int, stop: threading.Event,
-                  known: Any = None) -> None:
+                  save_seconds: float, total: int, known: Any,
+                  stop: threading.Event) -> None:
         """Writes on past a save that met no cliff (see ``learn``): a cliff found gives the
         model its cache size and post-cache rate, then refills give the recovery rate; none
         found within the save's size again says the drive takes that much more."""

@@ -101,8 +101,9 @@ def write_on_to_cliff(directory: Union[str, os.PathLike], *, fast: float, cap: f
             last = end
         written += point.bytes
         cliff = find_cliff(timeline, unpaced=unpaced)
-        from_start = cliff is None and (cliff := _in_cliff_from_start(
-            timeline, fast, max(in_cliff, CLIFF_HOLD_S))) is not None
+        from_start = cliff is None
+        if from_start:
+            cliff = _in_cliff_from_start(timeline, fast, max(in_cliff, CLIFF_HOLD_S))
         if cliff is not None and timeline[-1][0] - cliff.seconds >= in_cliff:
             break
     return WriteOn(cliff, written, began, ended, timeline, interrupted,
