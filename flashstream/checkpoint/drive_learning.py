@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
 from ..telemetry.write_learning import (
+    MIN_RATE_SECONDS,
     drain_lower_bound,
     learn_after_save,
     learn_from_save,
@@ -91,9 +92,11 @@ class DriveLearner:
         job: Optional[tuple] = None
         if cliff is not None and ends_full:
             # Where the cliff came too near the save's end to read the drive's pace in it,
-            # writing on reads it first; the refills follow either way.
+            # writing on reads it first (a figure the model had before is no reading: it may
+            # be the one the cliff just contradicted); the refills follow either way.
+            read_here = cliff.rate is not None and cliff.rate_seconds >= MIN_RATE_SECONDS
             job = (self._refill, model, cliff, fill_then, full_at, total) \
-                if model.post_cache_rate is not None or not model.fast_rate else \
+                if read_here or not model.fast_rate else \
                 (self._write_on, model, data["timeline"], fill_then, write_began, save_s,
                  total, cliff)
         elif cliff is None and model.fast_rate and (ends_full or (
@@ -109,6 +112,9 @@ class DriveLearner:
             self._executor.submit(*job, self._stop)
         return {"plan": "measure" if planner is None else "model",
                 "measured": controller.measuring,
+                # What the writer's thread measures next, in the background (None: nothing).
+                "then": None if job is None else (
+                    "write on" if job[0] == self._write_on else "refills"),
                 "measured_from_s": controller.measured_from,
                 "start_fill": start_fill, "end_fill": model.fill,
                 "cliff_at_s": cliff.seconds if cliff else None,

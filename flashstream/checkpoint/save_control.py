@@ -90,6 +90,8 @@ class SaveController:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self.measuring == UNPREDICTED_CLIFF and self.control.rate <= 0:
+            self.ends_full = True  # it ended unpaced in the cliff, before leaving it
         # The bytes since the last tick: the estimate the model keeps ends with the write.
         if self.planner is not None:
             self.planner.advance(float(self.control.done), time.perf_counter() - self._t0,

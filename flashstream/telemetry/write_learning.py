@@ -394,9 +394,13 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
     cliff = known or Cliff(at, total + seen.bytes_before, seen.rate,
                            seen.fast_rate or model.fast_rate, seen.rate_seconds)
     rows = [(offset + a, offset + b, bps, pace) for a, b, bps, pace in intervals(found.timeline)]
+    # The save's cliff, read on past its end: a long enough reading is the drive's rate,
+    # whatever the model said (the cliff may just have contradicted it); a short one only
+    # raises the figure.
     if known is not None and seen.rate is not None and (
-            model.post_cache_rate is None or seen.rate > model.post_cache_rate):
-        model.post_cache_rate = seen.rate  # the save's cliff, read on past its end
+            seen.rate_seconds >= MIN_RATE_SECONDS or model.post_cache_rate is None
+            or seen.rate > model.post_cache_rate):
+        model.post_cache_rate = seen.rate
         model.note("post_cache_rate", MEASURED if seen.rate_seconds >= MIN_RATE_SECONDS
                    else LOWER_BOUND, "writing on past a save", seen.rate_seconds)
     drain = model.drain_rate or seen.rate or model.post_cache_rate or 0.0
