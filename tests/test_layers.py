@@ -186,6 +186,25 @@ def test_only_the_world_asks_rank_and_worker():
     assert not found, "ask flashstream.world instead:\n" + "\n".join(found)
 
 
+#: The C++ core includes one way too: Python and nanobind headers only under csrc/bindings/,
+#: so the core builds and is unit-tested without Python (CMakeLists.txt says the same).
+PYTHON_HEADERS = re.compile(r'^\s*#\s*include\s*[<"](Python\.h|nanobind/)')
+
+
+def test_only_the_bindings_include_python_headers():
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    if not csrc.is_dir():
+        import pytest
+        pytest.skip("run from a source checkout: no csrc/ beside the tests")
+    sources = [p for p in csrc.rglob("*") if p.suffix in (".cpp", ".hpp", ".h", ".cc")]
+    found = [f"{p.relative_to(csrc)}:{n}: {line.strip()}" for p in sources
+             if "bindings" not in p.relative_to(csrc).parts[:1]
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if PYTHON_HEADERS.match(line)]
+    assert any("bindings" in p.parts for p in sources), "csrc/bindings/ not found"
+    assert not found, "Python headers outside csrc/bindings/:\n" + "\n".join(found)
+
+
 def test_the_check_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
     fake = tmp_path / "flashstream"
     (fake / "stream").mkdir(parents=True)
