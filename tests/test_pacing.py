@@ -247,7 +247,7 @@ def test_a_refill_reaches_the_cliff_again_and_stays_in_it_for_the_hold(drain_sha
     a full cache, a refill is long enough to meet the cliff and spend find_cliff's half-second
     hold in it, whatever the drive folds at (up to its post-cache rate)."""
     from flashstream.emulation import CacheModel
-    from flashstream.telemetry.write_learning import _refill_size
+    from flashstream.telemetry.refills import _refill_size
 
     fast, post = 200e6, 80e6  # a cache no gap here drains empty (an empty one is no reading)
     model = CacheModel(DriveSettings(cache_size=1 << 30, post_cache_rate=post,

@@ -1,0 +1,119 @@
+"""Refills of a drive's full SLC cache: after an idle gap, a new-file write up to the cliff
+again. What each took before its cliff is what the drive freed (folded) since the cache was
+full, so two refills after different gaps give the recovery (drain) rate, the detection lag
+cancelled (:func:`refill_drain`). Used by the sustained probe and after a save that left the
+cache full (telemetry/write_learning.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+from .cliff import find_cliff
+from .write_on import timed_write
+
+__all__ = ["MAX_IDLE", "measure_refills", "point_timeline", "refill_drain"]
+
+
+def point_timeline(point) -> List[Tuple[float, float, float]]:
+    """A ProbePoint's (end, GB/s) timeline as (end, bytes, unpaced)."""
+    out, start = [], 0.0
+    for end, gbps in point.timeline:
+        out.append((end, gbps * 1e9 * (end - start), 0.0))
+        start = end
+    return out
+
+
+MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill
+
+
+def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: float,
+                    full_at: float, idle: float, cap: int,
+                    progress: Callable[[str], None] = lambda _m: None,
+                    stop: Optional[threading.Event] = None,
+                    attempts: Optional[List[dict]] = None
+                    ) -> Tuple[List[Tuple[float, float]], bool]:
+    """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
+    gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
+    bytes up to the cliff again. A refill slow from its first byte found the drive still
+    folding (one that leaves its cliff only once it has freed a margin): the same full cache is
+    back, so it is repeated after twice the gap. Returns the readings for
+    :func:`refill_drain` and whether the cache was left full. ``stop``: end early (between
+    writes) once set. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
+    found), for reports."""
+    refills: List[Tuple[float, float]] = []
+    wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
+    full, ended = True, full_at
+    while len(refills) < 2:
+        progress(f"idle {wait:.1f} s, then a write up to the cliff again")
+        pause = max(0.0, wait - (time.monotonic() - ended))
+        if stop is None:
+            time.sleep(pause)
+        elif stop.wait(pause):
+            break
+        refill = _refill_size(time.monotonic() - ended, fast, post)
+        point, began, written = timed_write(directory, min(cap, refill))
+        gap, ended = began - ended, written
+        # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
+        # second half to give the post-cache rate the stall rule measures against. One
+        # write, not write_on's chunks: at test scale (caches of a hundred MiB) the gaps
+        # between chunks moved the cliffs enough to halve the recovery rate.
+        again = find_cliff(point_timeline(point))
+        # Slow from its first byte (below the midpoint of the two rates): the drive was still
+        # folding, as one that leaves its cliff only once it has freed a margin is after a
+        # short gap. The same full cache is back: a longer gap, not a reading.
+        slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
+        full = again is not None or slow
+        if attempts is not None:
+            attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
+                             "found": "cliff" if again else "still in the cliff" if slow
+                             else "no cliff",
+                             "reading": (gap + again.seconds, again.bytes_before) if again
+                             else None})
+        if again is not None:
+            refills.append((gap + again.seconds, again.bytes_before))
+            wait += apart  # not 4 x a retried gap: that could drain the whole cache
+        elif slow and wait < MAX_IDLE:
+            wait = min(MAX_IDLE, max(2 * wait, 0.25))
+        else:
+            break  # the cache drained completely (or never let go): no second reading
+        if stop is not None and stop.is_set():
+            break
+    return refills, full
+
+
+def refill_drain(refills: Sequence[Tuple[float, float]],
+                 fast: Optional[float]) -> Optional[float]:
+    """The recovery rate from refills of a full cache: ``(seconds since it was full until the
+    refill's cliff, bytes the refill wrote before it)``. Each took ``drain x seconds`` bytes,
+    plus the same detection lag, so the difference of two readings gives the rate; a single
+    reading gives it with the lag in (a little high), as do two that contradict each other (the
+    lower of the two then). None without a usable reading. At most
+    95% of ``fast``: a drive that folds as fast as it writes has no cliff to plan around."""
+    usable = sorted((t, b) for t, b in refills if t > 0 and b > 0)
+    if len(usable) >= 2:
+        (t1, b1), (t2, b2) = usable[0], usable[-1]
+        # A longer gap that took no more bytes is noise: then the lower single reading.
+        consistent = t2 > t1 and b2 > b1
+        rate = (b2 - b1) / (t2 - t1) if consistent else min(b1 / t1, b2 / t2)
+    elif usable:
+        rate = usable[0][1] / usable[0][0]
+    else:
+        return None
+    cap = 0.95 * fast if fast else rate
+    return min(cap, max(rate, 1.0))
+
+
+def _refill_size(gap: float, fast: float, post: float) -> int:
+    """Bytes a refill writes after ``gap`` seconds idle on a cache left full. Folding at ``d``
+    frees ``d * gap``, and writing at ``fast`` fills it back after ``fast * d * gap / (fast -
+    d)`` bytes; the longest of these is at the fastest fold to expect: 1.6 x the post-cache
+    rate (drives fold faster idle than they write in the cliff, docs/emulation.md). A fifth
+    more for noise, then a second in the cliff for find_cliff's hold. (A refill sized from the
+    cache instead missed its cliff whenever the disk wrote slower than at the first write, and
+    the recovery rate fell back to an assumption.)"""
+    fold = min(1.6 * post, 0.9 * fast)
+    to_cliff = fast * fold * gap / (fast - fold)
+    return int(1.2 * to_cliff + post) + (32 << 20)
