@@ -329,3 +329,54 @@ def test_the_new_file_rate_comes_only_from_an_unpaced_run(tmp_path):
     assert model.fast_rate == 800 * MB
     learn(model, timeline((1.5, 700 * MB, 0)), total=1e9)
     assert model.fast_rate == pytest.approx(700 * MB, rel=0.02)
+
+
+class _Submitted:
+    """An executor that records what it is given instead of running it."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, *args):
+        self.jobs.append((fn.__name__, args))
+
+
+def _planned_save(model, *, measuring=None, ends_full=False):
+    """A SaveController's outward state after a planned save (no thread ran)."""
+    from types import SimpleNamespace
+
+    planner = SimpleNamespace(fill=0.0, deadline=None, written=0.0, done=0.0)
+    return SimpleNamespace(planner=planner, measuring=measuring, probe=[],
+                           ends_full=ends_full, measured_from=None, cliffs=0,
+                           conflicted=False, slo_misses=0)
+
+
+@pytest.mark.parametrize("ends_unpaced", [True, False])
+def test_a_planned_burst_that_ends_in_an_unpredicted_cliff_is_measured_after(tmp_path,
+                                                                            ends_unpaced):
+    """A model 4 x too fast on the drain plans a save as one unpaced burst; the drive's cliff
+    comes in its last 0.7 s, too short for the controller to call it one the model did not
+    predict. The drive contradicted the model all the same and its cache is full: the drain
+    is assumed again and the save is measured after it (write on for the pace in the cliff,
+    then the refills). A save that was paced at its end left the cache as the plan said."""
+    from flashstream.checkpoint.drive_learning import DriveLearner
+
+    model = load_model(tmp_path)
+    model.fast_rate, model.cache_size = 800 * MB, 1000 * MB
+    model.post_cache_rate, model.drain_rate = 800 * MB, 1200 * MB  # 4 x the drive's
+    for name in PARAMETERS:
+        model.note(name, MEASURED, "seeded")
+    end_pace = 0 if ends_unpaced else 150 * MB
+    rows = timeline((1.5, 800 * MB, 0), (0.7, 200 * MB, end_pace))
+    executor = _Submitted()
+    learner = DriveLearner(tmp_path, executor)
+    now = time.time()
+    pacing = learner.learn(model, _planned_save(model), {"timeline": rows}, total=1.34e9,
+                           start_fill=0.0, ended=now, written_since=0.0, began=now - 2.3,
+                           full_at=time.monotonic(), deadline=None)
+    if not ends_unpaced:
+        assert pacing["then"] is None and executor.jobs == []
+        return
+    assert pacing["then"] == "write on", pacing
+    assert [name for name, _ in executor.jobs] == ["_write_on"]
+    assert model.drain_rate is None and model.how("drain_rate") == ASSUMED

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
+from ..telemetry.cliff import intervals, mean_rate
 from ..telemetry.write_learning import (
     MIN_RATE_SECONDS,
     drain_lower_bound,
@@ -66,6 +67,7 @@ class DriveLearner:
             model.drain_rate = None
             model.note("drain_rate", ASSUMED, controller.measuring)
         measuring = controller.measuring is not None
+        post_before = model.post_cache_rate
         try:
             cliff = learn_from_save(model, data["timeline"], total=total, start_fill=start_fill,
                                     end_fill=planner.fill if planner and not measuring else None,
@@ -87,25 +89,41 @@ class DriveLearner:
                 return 0.0  # nothing known before: a drive seen for the first time
             return drained(prior[0] + written_since, drain, began - prior[1])
 
-        ends_full = measuring and controller.ends_full
+        # A planned save whose unpaced burst met a cliff in its last second (too short for the
+        # controller to call it one the model did not predict) ends in it all the same: the
+        # model was wrong, and the cache is full. Measured after, as after such a cliff.
+        timeline = data["timeline"]
+        surprised = (not measuring and cliff is not None and bool(timeline)
+                     and timeline[-1][2] <= 0)
+        if surprised and model.drain_rate is not None:
+            model.drain_rate = None
+            model.note("drain_rate", ASSUMED, UNPREDICTED_CLIFF)
+            model.save()
+        ends_full = (measuring and controller.ends_full) or surprised
         write_began, save_s = full_at - (ended - began), ended - began
+        # The new-file rate writing on starts from: the model's, or this save's own where it
+        # ran unpaced throughout (too short for the model to take it: under a second).
+        fast = model.fast_rate or (mean_rate(intervals(timeline)) if timeline and all(
+            r[2] <= 0 for r in timeline) else None)
         job: Optional[tuple] = None
         if cliff is not None and ends_full:
-            # Where the cliff came too near the save's end to read the drive's pace in it,
-            # writing on reads it first (a figure the model had before is no reading: it may
-            # be the one the cliff just contradicted); the refills follow either way.
-            read_here = cliff.rate is not None and cliff.rate_seconds >= MIN_RATE_SECONDS
+            # Where the cliff came too near the save's end for this save to give the drive's
+            # pace in it (not even a bound that moved the model's figure, which may be the one
+            # the cliff just contradicted), writing on reads it first; the refills follow
+            # either way. Writing on costs the gap before the next save a second or two.
+            read_here = (cliff.rate is not None and cliff.rate_seconds >= MIN_RATE_SECONDS
+                         ) or model.post_cache_rate != post_before
             job = (self._refill, model, cliff, fill_then, full_at, total) \
-                if read_here or not model.fast_rate else \
-                (self._write_on, model, data["timeline"], fill_then, write_began, save_s,
+                if read_here or not fast else \
+                (self._write_on, model, fast, timeline, fill_then, write_began, save_s,
                  total, cliff)
-        elif cliff is None and model.fast_rate and (ends_full or (
-                controller.probe and all(r[2] <= 0 for r in data["timeline"]))):
+        elif cliff is None and fast and (ends_full or (
+                controller.probe and all(r[2] <= 0 for r in timeline))):
             # Unpaced to its end and no cliff: it may have met it in its last requests, too
             # late to show (telemetry/write_on.py). Write on until it does, then refill. So
             # too a save whose model is not confirmed and planned no pacing at all: it never
             # reached the point from which it would have measured the drive.
-            job = (self._write_on, model, data["timeline"], fill_then, write_began, save_s,
+            job = (self._write_on, model, fast, timeline, fill_then, write_began, save_s,
                    total, None)
         if job is not None:
             self._stop = threading.Event()
@@ -128,15 +146,15 @@ class DriveLearner:
                 "others_before_bytes": written_since,
                 "others_during_bytes": planner.written - planner.done if planner else None}
 
-    def _write_on(self, model: WriteModel, timeline: Any, fill_then: Any, write_began: float,
-                  save_seconds: float, total: int, known: Any,
+    def _write_on(self, model: WriteModel, fast: float, timeline: Any, fill_then: Any,
+                  write_began: float, save_seconds: float, total: int, known: Any,
                   stop: threading.Event) -> None:
         """Writes on past a save that met no cliff (see ``learn``): a cliff found gives the
         model its cache size and post-cache rate, then refills give the recovery rate; none
         found within the save's size again says the drive takes that much more."""
         record: Dict[str, object] = {"kind": "write on"}
         try:
-            found = write_on_to_cliff(self.directory, fast=float(model.fast_rate),
+            found = write_on_to_cliff(self.directory, fast=float(fast),
                                       cap=float(total), stop=stop)
         except OSError as exn:
             log.warning("flashstream: could not write on to the drive's cliff: %s", exn)
@@ -152,6 +170,8 @@ class DriveLearner:
             if not found.interrupted and known is None:
                 learn_written_on(model, timeline, found, offset, total)
             return
+        if not model.fast_rate:  # the save was too short to give it; its run up to the cliff
+            model.fast_rate = found.cliff.fast_rate or fast
         cliff = learn_written_on(model, timeline, found, offset, total,
                                  start_fill=fill_then, save_seconds=save_seconds, known=known)
         if cliff is not None and not stop.is_set():

@@ -15,7 +15,10 @@ drive's written bytes, and sets the pace, in one of two modes:
   - from a cliff the model did not predict (throughput below half the pace for a second: a
     shorter slow stretch is as often the disk's own): for ``MEASURE_S``, which gives the
     post-cache rate; then the save paces at the sustained share of the recovery rate assumed
-    from it (``ASSUMED_DRAIN_SHARE``), which takes it out of the cliff.
+    from it (``ASSUMED_DRAIN_SHARE``), which takes it out of the cliff. (Written on to its end
+    instead, so that refills could follow, saves met their cliffs for seconds each, save
+    after save, on the emulated drives of benchmarks/checkpoint.py --learning.) A save that
+    ends before it left the cliff ends with the cache full: refills follow it.
 
   Written unpaced into its cliff to its end, a save leaves the drive's cache full; the writer
   then measures the recovery rate with two refills (``telemetry.write_learning.
