@@ -1,5 +1,12 @@
 """checkpoint.py --emulate plc|qlc|random: repeated saves on an emulated dense drive.
 
+Longer than the house's ~400 lines, for a reason: it is one run whose steps (the drive made
+and its model learned, the wait for reads to settle, each writer through the schedule) share
+one set of defaults and windows, kept and documented together (docs/benchmarks.md, "Figures
+behind the defaults"). What owns a thing of its own lives beside it: the report and targets
+(_emulated_report.py), the open-loop reader (_open_loop.py), fio at a pace (_fio_paced.py) and
+the figure (_plot_emulated.py).
+
 The drive under test is throttled into an SLC-cache drive (flashstream.emulation, scaled to
 its own new-file write rate), its write model is learned as a user would
 (``flashstream probe --sustained``) and compared with the emulator's settings, then each
@@ -56,7 +63,7 @@ import _bench
 import _fio_paced
 import _open_loop
 import _plot_emulated
-import _savers
+import _training
 from _emulated_report import (
     BASELINE,
     FIO,
@@ -152,7 +159,7 @@ def run(args) -> int:
     print(f"schedule: {args.saves} saves of {format_size(schedule.save_size)} every "
           f"{schedule.gap:.1f} s, each due done {schedule.within:.1f} s after it is due")
     with tqdm(desc="building the state dict", total=1, leave=False, disable=None) as bar:
-        state = _savers.TrainingState(schedule.save_size)
+        state = _training.TrainingState(schedule.save_size)
         bar.update(1)
     reader_file = _open_loop.make_file(root / "reader.bin", parse_size(args.reader_file_size))
     block = parse_size(args.reader_block)
@@ -301,7 +308,7 @@ def _writer_kwargs(mode: str, schedule: Schedule, fixed_rate: float,
     return kw
 
 
-def run_mode(mode: str, state: _savers.TrainingState, settings: DriveSettings,
+def run_mode(mode: str, state: _training.TrainingState, settings: DriveSettings,
              schedule: Schedule, reader_file: Path, args, *, fixed_rate: float,
              read_slo: Optional[float], pace: FioPace) -> Dict[str, object]:
     """One writer through the schedule on a fresh emulated drive, the reader beside it

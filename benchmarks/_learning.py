@@ -37,7 +37,7 @@ from typing import Dict, List, Optional
 
 import _bench
 import _plot_learning
-import _savers
+import _training
 
 from flashstream import CheckpointWriter
 from flashstream.emulation import RANDOM_RANGES, DriveEmulator, DriveSettings, random_settings
@@ -103,7 +103,7 @@ def run_scenario(root: Path, settings: DriveSettings, scenario: str, args) -> Di
     shutil.rmtree(model_cache, ignore_errors=True)
     os.environ["XDG_CACHE_HOME"] = str(model_cache)  # this scenario's model, nobody else's
     size = int(args.size_share * settings.cache_size)
-    state = _savers.TrainingState(size)
+    state = _training.TrainingState(size)
     gap = GAP_OVER_SHORTEST * shortest_cliff_free(settings, settings.cache_size, size) + \
         GAP_SLACK_S
     rows: List[Dict[str, object]] = []
