@@ -34,10 +34,9 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import tarfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from tqdm import tqdm
 
@@ -46,18 +45,14 @@ import _bench  # noqa: E402
 import _loaders  # noqa: E402
 import _plot  # noqa: E402
 import _verdicts  # noqa: E402
+from _epoch_data import JPEG, PROFILES, DataSet, data_sets  # noqa: E402
 
 import flashstream  # noqa: E402
 from flashstream.pagecache import evict, residency  # noqa: E402
-from flashstream.sizes import parse_size  # noqa: E402
 from flashstream.telemetry.diskstats import DiskSampler  # noqa: E402
 from flashstream.telemetry.probe import ProbeResult  # noqa: E402
 from flashstream.telemetry.report import EpochMonitor  # noqa: E402
 
-# name -> (sample payload bytes, default data set bytes, shard bytes)
-PROFILES = {"100KB": (100_000, 1 << 30, 128 << 20), "8KB": (8_000, 384 << 20, 64 << 20)}
-JPEG = _verdicts.JPEG  # small JPEGs for the decode chain
-JPEG_SIZES = (64 << 20, 16 << 20)
 SAMPLE_INTERVAL = 0.1  # seconds between device-counter samples: the plot's time resolution
 FIGURES = ("seconds", "first_item_s", "samples", "batches", "bytes_read", "gbps",
            "samples_per_s", "gbps_vs_probe", "gbps_vs_drive", "cpu_s", "cpu_main_s",
@@ -76,17 +71,6 @@ class Setup:
     def probe_gbps(self) -> Optional[float]:
         best = self.probe.best("read") if self.probe else None
         return best.gbps if best else None
-
-
-@dataclasses.dataclass
-class DataSet:
-    name: str
-    paths: List[Path]
-    loaders: Sequence[str]  # what to time on it (fio is added to plain data sets)
-
-    @property
-    def bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.paths)
 
 
 # -- one epoch ----------------------------------------------------------------------------------
@@ -326,50 +310,6 @@ def parse_args(argv=None):
                 f"{', '.join([*PROFILES, JPEG])}")
     args.plot = args.plot or args.json.with_suffix(".png")
     return args
-
-
-def _has_jpeg(path: Path) -> bool:
-    try:
-        with tarfile.open(path) as tar:
-            member = tar.next()
-            while member is not None and not member.isfile():
-                member = tar.next()
-            return member is not None and member.name.lower().endswith((".jpg", ".jpeg"))
-    except (tarfile.TarError, OSError):
-        return False
-
-
-def data_sets(args) -> List[DataSet]:
-    fio = () if args.no_fio else ("fio",)
-    data_loaders = _loaders.DATA_LOADERS if not args.no_webdataset else ("inprocess", "tensors")
-    decode = (_loaders.DECODE_LOADERS if not args.no_webdataset
-              else _loaders.DECODE_LOADERS[:1])
-    if args.data is not None:
-        paths = sorted(p for p in args.data.iterdir()
-                       if p.suffix in (".tar", ".tgz", ".gz", ".bz2", ".xz") and p.is_file())
-        if not paths:
-            raise SystemExit(f"no shards (*.tar, *.tgz, ...) in {args.data}")
-        loaders = (*fio, *data_loaders) + (decode if _has_jpeg(paths[0]) else ())
-        return [DataSet(args.data.name or "data", paths, loaders)]
-    out = []
-    for name in args.profiles.split(","):
-        with tqdm(desc=f"writing {name} shards", unit="shard", leave=False, disable=None) as bar:
-            if name == JPEG:
-                total = parse_size(args.jpeg_size, name="--jpeg-size") if args.jpeg_size \
-                    else JPEG_SIZES[0]
-                paths = _bench.write_jpeg_shards(
-                    args.workdir / f"jpeg-{total}", total_bytes=total,
-                    shard_bytes=min(JPEG_SIZES[1], max(total // 4, 1 << 20)), progress=bar)
-                out.append(DataSet(name, paths, decode))
-                continue
-            sample_size, default_total, shard_bytes = PROFILES[name]
-            total = parse_size(args.size, name="--size") if args.size else default_total
-            paths = _bench.write_synthetic_shards(
-                args.workdir / f"samples-{name}-{total}", sample_size=sample_size,
-                total_bytes=total, shard_bytes=min(shard_bytes, max(total // 4, 1 << 20)),
-                progress=bar)
-            out.append(DataSet(name, paths, (*fio, *data_loaders)))
-    return out
 
 
 def check_tools(args, info: Dict[str, object]) -> None:
