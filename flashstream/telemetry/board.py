@@ -13,6 +13,7 @@ open it by path. No pickling of stats, no extra queues.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import tempfile
@@ -85,13 +86,17 @@ class StatsBoard:
         board is removed before passes left open are closed), so nobody reads the figures."""
         try:
             table = self._array()
+            exclusive = self._exclusive()
         except FileNotFoundError:
             return
-        if generation is not None and generation != int(table[MAX_SLOTS, 0]):
-            return
-        row = table[slot % MAX_SLOTS]
-        n = len(COUNTERS)
-        with self._lock:
+        # The generation check and the add as one step against reset() in another process:
+        # checked just before a reset and added after it, a closing pass's figures would
+        # land in the new generation's zeroed slots.
+        with exclusive, self._lock:
+            if generation is not None and generation != int(table[MAX_SLOTS, 0]):
+                return
+            row = table[slot % MAX_SLOTS]
+            n = len(COUNTERS)
             for i, name in enumerate(COUNTERS):
                 value = int(counters.get(name, 0))
                 if name == "latency_min_ns":
@@ -105,8 +110,26 @@ class StatsBoard:
 
     def reset(self) -> None:
         table = self._array()
-        table[:MAX_SLOTS] = 0
-        table[MAX_SLOTS, 0] += 1
+        with self._exclusive(), self._lock:
+            table[:MAX_SLOTS] = 0
+            table[MAX_SLOTS, 0] += 1
+
+    def _exclusive(self) -> contextlib.AbstractContextManager:
+        """An exclusive lock on the board file against other processes, released on close
+        (take ``_lock`` too, against this process's threads). A POSIX record lock, not flock:
+        a DataLoader worker forked while it is held does not inherit it, where an inherited
+        flock would stay held until the worker exits. Opened here, so that FileNotFoundError
+        tells the caller the board is gone."""
+        fd = os.open(self.path, os.O_RDWR)
+
+        @contextlib.contextmanager
+        def held():
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+        return held()
 
     def totals(self) -> Dict[str, object]:
         """Counters summed over slots, plus the merged ``latency`` histogram."""
