@@ -36,6 +36,16 @@ __all__ = ["DriveLearner"]
 log = logging.getLogger(__name__)
 
 
+def _doubt_drain(model: WriteModel, why: str) -> bool:
+    """The drive contradicted the model, or its drain is stale: until refills measure it
+    again, the drain is assumed at the safe end (and sizes no cache). Whether it changed."""
+    if model.drain_rate is None:
+        return False
+    model.drain_rate = None
+    model.note("drain_rate", ASSUMED, why)
+    return True
+
+
 class DriveLearner:
     """The learning side of one CheckpointWriter (see the module docstring). ``measurements``:
     one dict per refill measurement run (for reports and benchmarks)."""
@@ -61,11 +71,8 @@ class DriveLearner:
         prior = (model.fill, model.fill_time)
         doubted = controller.measuring == UNPREDICTED_CLIFF or (
             controller.measuring is not None and "drain_rate" in controller.probe)
-        if doubted and model.drain_rate is not None:
-            # The drive contradicted the model, or its drain is stale: until refills measure
-            # it again, it is assumed at the safe end (and sizes no cache).
-            model.drain_rate = None
-            model.note("drain_rate", ASSUMED, controller.measuring)
+        if doubted:
+            _doubt_drain(model, controller.measuring)
         measuring = controller.measuring is not None
         post_before = model.post_cache_rate
         try:
@@ -95,16 +102,14 @@ class DriveLearner:
         timeline = data["timeline"]
         surprised = (not measuring and cliff is not None and bool(timeline)
                      and timeline[-1][2] <= 0)
-        if surprised and model.drain_rate is not None:
-            model.drain_rate = None
-            model.note("drain_rate", ASSUMED, UNPREDICTED_CLIFF)
+        if surprised and _doubt_drain(model, UNPREDICTED_CLIFF):
             model.save()
         ends_full = (measuring and controller.ends_full) or surprised
         write_began, save_s = full_at - (ended - began), ended - began
+        unpaced = bool(timeline) and all(r[2] <= 0 for r in timeline)
         # The new-file rate writing on starts from: the model's, or this save's own where it
         # ran unpaced throughout (too short for the model to take it: under a second).
-        fast = model.fast_rate or (mean_rate(intervals(timeline)) if timeline and all(
-            r[2] <= 0 for r in timeline) else None)
+        fast = model.fast_rate or (mean_rate(intervals(timeline)) if unpaced else None)
         job: Optional[tuple] = None
         if cliff is not None and ends_full:
             # Where the cliff came too near the save's end for this save to give the drive's
@@ -117,8 +122,7 @@ class DriveLearner:
                 if read_here or not fast else \
                 (self._write_on, model, fast, timeline, fill_then, write_began, save_s,
                  total, cliff)
-        elif cliff is None and fast and (ends_full or (
-                controller.probe and all(r[2] <= 0 for r in timeline))):
+        elif cliff is None and fast and (ends_full or (controller.probe and unpaced)):
             # Unpaced to its end and no cliff: it may have met it in its last requests, too
             # late to show (telemetry/write_on.py). Write on until it does, then refill. So
             # too a save whose model is not confirmed and planned no pacing at all: it never

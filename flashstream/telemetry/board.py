@@ -19,7 +19,7 @@ import os
 import tempfile
 import threading
 import weakref
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 
@@ -84,29 +84,32 @@ class StatsBoard:
         in an earlier ``generation`` than the current one, or the board is gone: the process
         that made it dropped its stream (a worker can close a pass after that, and at exit the
         board is removed before passes left open are closed), so nobody reads the figures."""
-        try:
-            table = self._array()
-            exclusive = self._exclusive()
-        except FileNotFoundError:
-            return
         # The generation check and the add as one step against reset() in another process:
         # checked just before a reset and added after it, a closing pass's figures would
-        # land in the new generation's zeroed slots.
-        with exclusive, self._lock:
-            if generation is not None and generation != int(table[MAX_SLOTS, 0]):
-                return
-            row = table[slot % MAX_SLOTS]
-            n = len(COUNTERS)
-            for i, name in enumerate(COUNTERS):
-                value = int(counters.get(name, 0))
-                if name == "latency_min_ns":
-                    row[i] = value if row[i] == 0 else min(row[i], value or row[i])
-                elif name == "latency_max_ns":
-                    row[i] = max(row[i], value)
-                else:
-                    row[i] += value
-            if latency_counts is not None:
-                row[n:] += np.asarray(latency_counts, dtype=np.uint64).astype(np.int64)
+        # land in the new generation's zeroed slots. The mapping first: opening it closes a
+        # descriptor of the file, which would release the lock (see _exclusive).
+        try:
+            table = self._array()
+            with self._exclusive(), self._lock:
+                if generation is not None and generation != int(table[MAX_SLOTS, 0]):
+                    return
+                self._add(table[slot % MAX_SLOTS], counters, latency_counts)
+        except FileNotFoundError:
+            return
+
+    @staticmethod
+    def _add(row: np.ndarray, counters: Dict[str, int], latency_counts) -> None:
+        n = len(COUNTERS)
+        for i, name in enumerate(COUNTERS):
+            value = int(counters.get(name, 0))
+            if name == "latency_min_ns":
+                row[i] = value if row[i] == 0 else min(row[i], value or row[i])
+            elif name == "latency_max_ns":
+                row[i] = max(row[i], value)
+            else:
+                row[i] += value
+        if latency_counts is not None:
+            row[n:] += np.asarray(latency_counts, dtype=np.uint64).astype(np.int64)
 
     def reset(self) -> None:
         table = self._array()
@@ -114,22 +117,19 @@ class StatsBoard:
             table[:MAX_SLOTS] = 0
             table[MAX_SLOTS, 0] += 1
 
-    def _exclusive(self) -> contextlib.AbstractContextManager:
-        """An exclusive lock on the board file against other processes, released on close
-        (take ``_lock`` too, against this process's threads). A POSIX record lock, not flock:
-        a DataLoader worker forked while it is held does not inherit it, where an inherited
-        flock would stay held until the worker exits. Opened here, so that FileNotFoundError
-        tells the caller the board is gone."""
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """An exclusive lock on the board file against other processes (take ``_lock`` too,
+        against this process's threads). A POSIX record lock, not flock: a DataLoader worker
+        forked while it is held does not inherit it, where an inherited flock would stay held
+        until the worker exits. A POSIX lock goes when the process closes any descriptor of
+        the file: nothing in the lock opens it. FileNotFoundError: the board is gone."""
         fd = os.open(self.path, os.O_RDWR)
-
-        @contextlib.contextmanager
-        def held():
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
-        return held()
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def totals(self) -> Dict[str, object]:
         """Counters summed over slots, plus the merged ``latency`` histogram."""
