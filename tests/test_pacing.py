@@ -560,3 +560,29 @@ def test_auto_counts_another_writer_on_the_drive_and_stays_out_of_the_cliff(tmp_
     during = report.pacing["others_during_bytes"]
     assert 0.5 * others * report.write_s <= during <= 0.5 * report.bytes, info
     assert torch.equal(load_checkpoint(directory)["w"], state["w"])
+
+
+@pytest.mark.skipif(throttle_support() is None,
+                    reason="needs root and a cgroup block-I/O controller")
+def test_a_refill_ends_soon_after_its_cliff(tmp_path):
+    """A refill of a full cache stops once it has been in its cliff long enough to place it,
+    not at its size: a save due meanwhile waits for it, and a drive left in its cliff still is
+    when that save starts."""
+    from flashstream.emulation import DriveEmulator
+    from flashstream.telemetry.refills import _stop_below, point_timeline
+    from flashstream.telemetry.write_on import STOP_AFTER_S, timed_write
+
+    settings = DriveSettings(cache_size=96 * MiB, post_cache_rate=60e6, drain_rate=60e6,
+                             fast_rate=200e6)
+    asked = 1 << 30  # 14 s in the cliff, were it written to its size
+    os.sync()  # earlier tests' dirty pages would be another writer
+    with DriveEmulator(tmp_path, settings) as drive:
+        drive.add_process()
+        point, _began, _ended = timed_write(
+            tmp_path, asked, stop_below=_stop_below(settings.fast_rate,
+                                                     settings.post_cache_rate))
+    cliff = find_cliff(point_timeline(point))
+    info = f"{point.bytes} bytes in {point.seconds:.2f} s, cliff {cliff}"
+    assert cliff is not None, info
+    assert point.bytes < asked / 2, info
+    assert point.seconds < cliff.seconds + STOP_AFTER_S + 1.0, info

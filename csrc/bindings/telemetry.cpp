@@ -47,7 +47,8 @@ U64Array histogram_bounds() {
 
 nb::dict run_probe_py(const std::string& path, const std::string& op, const std::string& pattern,
                       size_t block_size, unsigned queue_depth, uint64_t bytes, double duration,
-                      const std::string& engine, bool direct, uint64_t seed, double interval) {
+                      const std::string& engine, bool direct, uint64_t seed, double interval,
+                      double stop_below, double stop_after) {
   ProbeSpec spec;
   spec.path = path;
   spec.op = parse_probe_op(op);  // std::invalid_argument -> ValueError
@@ -60,6 +61,8 @@ nb::dict run_probe_py(const std::string& path, const std::string& op, const std:
   spec.direct = direct;
   spec.seed = seed;
   spec.interval = interval;
+  spec.stop_below = stop_below;
+  spec.stop_after = stop_after;
   ProbeResult r;
   {
     nb::gil_scoped_release release;
@@ -93,9 +96,10 @@ void bind_telemetry(nb::module_& m) {
         nb::arg("pattern") = "sequential", nb::arg("block_size") = size_t(1) << 20,
         nb::arg("queue_depth") = 32u, nb::arg("bytes") = uint64_t(0), nb::arg("duration") = 0.0,
         nb::arg("engine") = "auto", nb::arg("direct") = true, nb::arg("seed") = uint64_t(0),
-        nb::arg("interval") = 0.0,
+        nb::arg("interval") = 0.0, nb::arg("stop_below") = 0.0, nb::arg("stop_after") = 0.0,
         "Measure the device like fio: queue_depth requests of block_size in flight on an "
-        "existing file. Returns a dict (bytes, seconds, sync_seconds, requests, direct, engine, "
+        "existing file; stop issuing once the last stop_after seconds of the timeline averaged "
+        "below stop_below bytes/s (0: never). Returns a dict (bytes, seconds, sync_seconds, requests, direct, engine, "
         "counts, min_ns, max_ns, sum_ns, timeline).");
   m.def("create_probe_file", &create_probe_file_py, nb::arg("path"), nb::arg("size"),
         "Create or resize a preallocated file of random data for run_probe.");

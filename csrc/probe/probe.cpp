@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -84,6 +85,7 @@ class ProbeRun {
   void on_completion(const IoCompletion& c, Clock::time_point now);
   void fall_back_to_buffered();
   void account(uint64_t bytes, Clock::time_point now);
+  bool fell_below() const noexcept;  // the stop_below rule, over the timeline so far
   void fail(std::exception_ptr e) noexcept;
   void abandon_buffers() noexcept;
   const char* op() const { return write_ ? "write" : "read"; }
@@ -116,6 +118,11 @@ ProbeRun::ProbeRun(const ProbeSpec& spec)
   if (!(spec.duration >= 0)) throw std::invalid_argument("duration must be >= 0");
   if (!(spec.interval == 0 || spec.interval >= kMinInterval))
     throw std::invalid_argument("interval must be 0 (no timeline) or at least 0.001 s");
+  if (!(spec.stop_below >= 0) || !(spec.stop_after >= 0))
+    throw std::invalid_argument("stop_below and stop_after must be >= 0");
+  if (spec.stop_below > 0 && (spec.interval == 0 || spec.stop_after < spec.interval))
+    throw std::invalid_argument(
+        "stop_below needs a timeline (interval > 0) and stop_after of at least one interval");
   open_file();
   engine_ = make_engine(spec.engine, spec.queue_depth, /*single_thread=*/true);
   const DioAlignment a = query_dio_alignment(file_.fd);
@@ -235,8 +242,18 @@ void ProbeRun::account(uint64_t bytes, Clock::time_point now) {
     result_.timeline.push_back({seconds_between(start_, next_mark_), interval_bytes_});
     interval_bytes_ = 0;
     next_mark_ += interval_;
+    if (spec_.stop_below > 0 && fell_below()) stopping_ = true;
   }
   interval_bytes_ += bytes;
+}
+
+bool ProbeRun::fell_below() const noexcept {
+  const size_t n = static_cast<size_t>(std::ceil(spec_.stop_after / spec_.interval - 1e-9));
+  if (n == 0 || result_.timeline.size() < n) return false;
+  uint64_t sum = 0;
+  for (size_t i = result_.timeline.size() - n; i < result_.timeline.size(); ++i)
+    sum += result_.timeline[i].bytes;
+  return static_cast<double>(sum) < spec_.stop_below * static_cast<double>(n) * spec_.interval;
 }
 
 // The engine failed with requests outstanding: we cannot know when the kernel is done with

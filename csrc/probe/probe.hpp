@@ -35,6 +35,11 @@ struct ProbeSpec {
   bool direct = true;           // O_DIRECT, falling back to buffered I/O where refused
   uint64_t seed = 0;            // random offsets and write data
   double interval = 0;          // timeline resolution in seconds; 0: no timeline (else >= 1 ms)
+  // Stop issuing once the last `stop_after` seconds of the timeline averaged below
+  // `stop_below` bytes/s (0: never; needs a timeline): a write that only has to reach a
+  // drive's write cliff ends soon after it instead of writing on in it.
+  double stop_below = 0;
+  double stop_after = 0;
 };
 
 struct TimelinePoint {

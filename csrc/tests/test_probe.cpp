@@ -181,6 +181,9 @@ TEST_CASE("probe: parse op and pattern; invalid specs fail before any I/O") {
   bad([](ProbeSpec& s) { s.interval = 0.0001; });
   bad([](ProbeSpec& s) { s.duration = -1; });
   bad([](ProbeSpec& s) { s.engine = "bogus"; });
+  bad([](ProbeSpec& s) { s.stop_below = -1; });
+  bad([](ProbeSpec& s) { s.stop_below = 1e6; });  // no timeline to judge it by
+  bad([](ProbeSpec& s) { s.stop_below = 1e6, s.interval = 0.01, s.stop_after = 0.001; });
   ProbeSpec s = spec_for(dir.file("missing"), ProbeOp::kRead, 4096, 1, "auto");
   CHECK(io_error_of([&] { run_probe(s); }) == ENOENT);
   s.path = dir.path;
@@ -228,6 +231,27 @@ TEST_CASE("probe: sequential reads, both engines, bytes wrap around the file") {
     s.pattern = ProbePattern::kRandom;
     r = run_probe(s);
     CHECK(r.bytes == 10 * kMiB + 64 * kKiB && r.requests == 161);
+  }
+}
+
+TEST_CASE("probe: stop_below ends a run whose throughput stays below it") {
+  TempDir dir;
+  const std::string p = dir.file("s");
+  create_probe_file(p, 4 * kMiB);
+  for (const auto& kind : engines()) {
+    ProbeSpec s = spec_for(p, ProbeOp::kRead, 64 * kKiB, 2, kind);
+    s.bytes = uint64_t(1) << 40;  // far more than it can read in the time the rule allows
+    s.interval = 0.005;
+    s.stop_after = 0.05;
+    s.stop_below = 1e15;  // unreachable: every stretch of stop_after is below it
+    const ProbeResult r = run_probe(s);
+    CHECK(r.bytes < s.bytes);
+    CHECK(r.seconds >= 0.05);
+    CHECK(r.seconds < 5.0);
+    CHECK(r.timeline.size() >= 10);
+    s.bytes = 4 * kMiB;
+    s.stop_below = 1.0;  // always above: the run reads what it was asked to
+    CHECK(run_probe(s).bytes == 4 * kMiB);
   }
 }
 

@@ -54,7 +54,11 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         elif stop.wait(pause):
             break
         refill = _refill_size(time.monotonic() - ended, fast, post)
-        point, began, written = timed_write(directory, min(cap, refill))
+        # Ended soon after its cliff, not written on in it to its size: the next save waits
+        # for a refill in progress, and a drive left in its cliff then still is when the save
+        # starts (one that leaves it only after freeing a margin, for a second or more).
+        point, began, written = timed_write(directory, min(cap, refill),
+                                            stop_below=_stop_below(fast, post))
         gap, ended = began - ended, written
         # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
         # second half to give the post-cache rate the stall rule measures against. One
@@ -104,6 +108,12 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
         return None
     cap = 0.95 * fast if fast else rate
     return min(cap, max(rate, 1.0))
+
+
+def _stop_below(fast: float, post: float) -> float:
+    """The rate below which a refill has met its cliff: midway between the fast and the
+    post-cache rate (a post-cache rate known too high counts as at most half the fast one)."""
+    return 0.5 * (fast + min(post, 0.5 * fast))
 
 
 def _refill_size(gap: float, fast: float, post: float) -> int:

@@ -24,7 +24,7 @@ from typing import List, Optional, Tuple, Union
 from .cliff import CLIFF_HOLD_S, Cliff, drive_limited, find_cliff, intervals, mean_rate
 from .probe import measure, preallocated_file
 
-__all__ = ["SHAPE", "WriteOn", "timed_write", "write_on_to_cliff"]
+__all__ = ["SHAPE", "STOP_AFTER_S", "WriteOn", "timed_write", "write_on_to_cliff"]
 
 #: Seconds of writing at the fast rate per chunk: how late after the cliff it can stop.
 CHUNK_S = 0.25
@@ -36,13 +36,22 @@ CHUNK_S = 0.25
 IN_CLIFF_S = CLIFF_HOLD_S + 0.5 + 0.25
 
 
+#: Seconds whose average below a write's ``stop_below`` end it. With ``stop_below`` midway
+#: between the rates before and after a drop, the average crosses it once half the window is
+#: past the drop: that half is find_cliff's hold and a few intervals more (find_cliff leaves
+#: out a timeline's last interval, the queue draining).
+STOP_AFTER_S = 2 * (CLIFF_HOLD_S + 0.15)
+
+
 # The sustained probe's request shape: small requests and a fine timeline, so that what is in
 # flight when the cliff comes (and counts as written before it) stays small beside the cache.
 SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
 
 
-def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float = 0.0):
-    """A sustained probe write (at most ``seconds`` of writing, 0: no cap): its ProbePoint,
+def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float = 0.0,
+                stop_below: float = 0.0):
+    """A sustained probe write (at most ``seconds`` of writing, 0: no cap; ended early once
+    ``STOP_AFTER_S`` seconds ran below ``stop_below`` bytes/s, 0: never): its ProbePoint,
     time.monotonic() when it began, when its last request completed; both a few milliseconds
     early, the probe's own setup before its clock starts, the same for every write. Both leave
     out the file's preallocation and removal: the drive folds through them as it does through
@@ -52,7 +61,9 @@ def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float 
     it, high)."""
     with preallocated_file(directory, nbytes) as name:
         began = time.monotonic()
-        point = measure(name, op="write", nbytes=nbytes, seconds=seconds, **SHAPE)
+        point = measure(name, op="write", nbytes=nbytes, seconds=seconds,
+                        stop_below=stop_below, stop_after=STOP_AFTER_S if stop_below else 0.0,
+                        **SHAPE)
         # The last request's completion, not the end fsync's: the fold starts there.
         ended = began + point.timeline[-1][0] if point.timeline else time.monotonic()
         return point, began, ended
