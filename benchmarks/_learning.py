@@ -115,7 +115,6 @@ def run_scenario(root: Path, settings: DriveSettings, scenario: str, args) -> Di
             _seed_model(args.dir, settings, SCENARIOS[scenario])
         with CheckpointWriter(directory, rate="auto", keep=1, chunk_size=args.chunk_size) as w:
             for step in range(args.saves):
-                model = wm.load_model(args.dir)  # what this save plans from
                 due = time.perf_counter() - drive.started
                 fill = _fill_at(drive, due)
                 report = w.save(state.state, step=step).result()
@@ -128,7 +127,9 @@ def run_scenario(root: Path, settings: DriveSettings, scenario: str, args) -> Di
                     "save_ratio": took / best, "cliff_s": drive.cliff_seconds(due, due + gap),
                     "start_fill": fill / settings.cache_size,
                     "plan": report.pacing["plan"], "measured": report.pacing["measured"],
-                    "model": _against(model, settings)})
+                    # what the save planned from: the model when its write began (a refill
+                    # still running at the call may change it before then)
+                    "model": _planned(report.pacing["model"], settings)})
             measurements = list(w.learner.measurements)
         final = _against(wm.load_model(args.dir), settings)
     shutil.rmtree(directory, ignore_errors=True)
@@ -161,6 +162,18 @@ def _against(model: wm.WriteModel, settings: DriveSettings) -> Dict[str, Optiona
             "evidence": {k: e.how for k, e in model.evidence.items()}}
 
 
+def _planned(figures: Dict[str, Optional[float]], settings: DriveSettings
+             ) -> Dict[str, Optional[float]]:
+    """A save's ``pacing["model"]`` as shares of the emulator's figures."""
+    def share(name: str, truth: float) -> Optional[float]:
+        return figures[name] / truth if figures.get(name) else None
+
+    return {"cache_size": share("cache_size", settings.cache_size),
+            "post_cache_rate": share("post_cache_rate", settings.post_cache_rate),
+            "recovery_rate": share("recovery_rate", settings.drain_rate),
+            "fill": share("fill", settings.cache_size)}
+
+
 def _fill_at(drive: DriveEmulator, seconds: float) -> float:
     last = [p for p in drive.timeline if p.seconds <= seconds]
     return last[-1].fill if last else 0.0
@@ -181,8 +194,9 @@ def _print_rows(scenario: str, rows: List[Dict[str, object]]) -> None:
               f"{r['ratio']:4.2f} x shortest (save {r['save_ratio']:4.2f} x), cliff "
               f"{r['cliff_s']:5.2f} s, started {r['start_fill']:4.0%} full, "
               f"{r['plan']}{' (measured: ' + r['measured'] + ')' if r['measured'] else ''}; "
-              f"planned from cache {_share(model['cache_size'])}, post "
-              f"{_share(model['post_cache_rate'])}, recovery {_share(model['recovery_rate'])}",
+              f"planned from fill {_share(model['fill'])}, cache "
+              f"{_share(model['cache_size'])}, post {_share(model['post_cache_rate'])}, "
+              f"recovery {_share(model['recovery_rate'])}",
               flush=True)
 
 

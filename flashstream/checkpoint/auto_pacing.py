@@ -40,12 +40,14 @@ FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
 @dataclasses.dataclass
 class AutoSave:
     """One save's plan: the model it planned from, its controller, the bytes other writers
-    gave the drive since the last save, and the cache fill it starts from."""
+    gave the drive since the last save, and the cache fill it starts from. ``planned``: the
+    model's figures as the save planned (the learner updates ``model`` after it)."""
 
     model: WriteModel
     controller: SaveController
     written_since: float
     start_fill: float
+    planned: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
 
 
 class AutoPacing:
@@ -77,8 +79,11 @@ class AutoPacing:
             settings=PlanSettings(deadline_policy=cfg.deadline_policy), read_slo=cfg.read_slo,
             disk=self.disk(), lead=cfg.chunk_size * cfg.queue_depth,
             min_rate=cfg.adaptive.min_rate, written_since=written_since)
-        return AutoSave(model, controller, written_since,
-                        model.fill_at(written=written_since))
+        start_fill = model.fill_at(written=written_since)
+        planned = {"fast_rate": model.fast_rate, "cache_size": model.cache_size,
+                   "post_cache_rate": model.post_cache_rate,
+                   "recovery_rate": model.recovery_rate, "fill": start_fill}
+        return AutoSave(model, controller, written_since, start_fill, planned)
 
     def time_left(self, called: float, tail_extra: float) -> Optional[float]:
         """Seconds the data write has to finish by ``within`` (counted from the save() call,
@@ -96,11 +101,14 @@ class AutoPacing:
 
     def learn(self, save: AutoSave, data: dict, *, total: int, ended: float, began: float,
               full_at: float) -> Dict[str, object]:
-        """After the commit: the model learns from this save (the report's ``pacing``)."""
-        return self.learner.learn(
+        """After the commit: the model learns from this save (the report's ``pacing``, with
+        the figures it planned from under ``"model"``)."""
+        pacing = self.learner.learn(
             save.model, save.controller, data, total=total, start_fill=save.start_fill,
             ended=ended, written_since=save.written_since, began=began, full_at=full_at,
             deadline=self.config.within)
+        pacing["model"] = save.planned
+        return pacing
 
     def pruned(self, seconds: float, file_size: int) -> None:
         self.prune_s = seconds
