@@ -17,6 +17,7 @@ from flashstream.telemetry.write_learning import learn_from_save, refill_drain
 from flashstream.telemetry.write_model import (
     ASSUMED,
     ASSUMED_DRAIN_SHARE,
+    ESTIMATED,
     LOWER_BOUND,
     MEASURED,
     PARAMETERS,
@@ -169,6 +170,27 @@ def test_a_write_past_the_models_cliff_bounds_the_drain_from_below():
     rows = timeline((3.0, 500 * MB, 0))
     assert drain_lower_bound(rows, 1e9) == pytest.approx(0.5e9 / 3.0, rel=0.02)
     assert drain_lower_bound(rows, 2e9) == 0.0
+
+
+def test_the_drain_is_solved_from_where_an_unpredicted_cliff_came():
+    """A 1 GB cache held 800 MB a second before the save, which met the cliff 2 s in, after
+    950 MB. Only a drain of 250 MB/s puts the cliff there (550 MB at the start, 500 MB
+    folded during the save); a drain of 0 would have met it sooner, the planned 400 MB/s
+    later. A cliff no drain up to the planned one explains (the cache or the fill was wrong)
+    gives none."""
+    from flashstream.telemetry.cliff import Cliff
+    from flashstream.telemetry.write_learning import drain_from_cliff
+
+    def fill_then(drain):
+        return max(0.0, 800 * MB - drain * 1.0)
+
+    def cliff_after(nbytes):
+        return Cliff(2.0, nbytes, 100 * MB, 800 * MB, 1.0)
+
+    assert drain_from_cliff(1000 * MB, fill_then, cliff_after(950 * MB), 400 * MB) == \
+        pytest.approx(250 * MB, rel=1e-6)
+    assert drain_from_cliff(1000 * MB, fill_then, cliff_after(150 * MB), 400 * MB) is None
+    assert drain_from_cliff(1000 * MB, fill_then, cliff_after(1500 * MB), 400 * MB) is None
 
 
 @pytest.mark.skipif(__import__("flashstream.emulation", fromlist=["x"]).throttle_support() is None,
@@ -357,8 +379,9 @@ def test_a_planned_burst_that_ends_in_an_unpredicted_cliff_is_measured_after(tmp
     """A model 4 x too fast on the drain plans a save as one unpaced burst; the drive's cliff
     comes in its last 0.7 s, too short for the controller to call it one the model did not
     predict. The drive contradicted the model all the same and its cache is full: the drain
-    is assumed again and the save is measured after it (write on for the pace in the cliff,
-    then the refills). A save that was paced at its end left the cache as the plan said."""
+    is solved from where the cliff came, and the save is measured after it (write on for the
+    pace in the cliff, then the refills). A save that was paced at its end left the cache as
+    the plan said."""
     from flashstream.checkpoint.drive_learning import DriveLearner
 
     model = load_model(tmp_path)
@@ -379,4 +402,10 @@ def test_a_planned_burst_that_ends_in_an_unpredicted_cliff_is_measured_after(tmp
         return
     assert pacing["then"] == "write on", pacing
     assert [name for name, _ in executor.jobs] == ["_write_on"]
-    assert model.drain_rate is None and model.how("drain_rate") == ASSUMED
+    # Until the refills measure it: the drain that puts the cliff where it came, by the
+    # measured cache size (1.2 GB written in 1.5 s from empty into 1 GB), with its margin.
+    from flashstream.checkpoint.drive_learning import SOLVED_DRAIN_SHARE
+
+    assert model.how("drain_rate") == ESTIMATED
+    assert model.drain_rate == pytest.approx(SOLVED_DRAIN_SHARE * 0.2e9 / 1.5, rel=1e-6)
+    assert model.cache_size == 1000 * MB and model.how("cache_size") == MEASURED

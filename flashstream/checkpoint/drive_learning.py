@@ -22,12 +22,20 @@ from typing import Any, Dict, List, Optional
 from ..telemetry.cliff import intervals, mean_rate
 from ..telemetry.write_learning import (
     MIN_RATE_SECONDS,
+    drain_from_cliff,
     drain_lower_bound,
     learn_after_save,
     learn_from_save,
     learn_written_on,
 )
-from ..telemetry.write_model import ASSUMED, LOWER_BOUND, WriteModel, drained
+from ..telemetry.write_model import (
+    ASSUMED,
+    ESTIMATED,
+    LOWER_BOUND,
+    MEASURED,
+    WriteModel,
+    drained,
+)
 from ..telemetry.write_on import write_on_to_cliff
 from .save_control import UNPREDICTED_CLIFF, SaveController
 
@@ -44,6 +52,34 @@ def _doubt_drain(model: WriteModel, why: str) -> bool:
     model.drain_rate = None
     model.note("drain_rate", ASSUMED, why)
     return True
+
+
+#: The share of a drain solved from a cliff that pacing takes: the solution is the difference
+#: of two large byte counts over the seconds to the cliff, and a cliff placed an interval of
+#: the timeline late moves it by several percent.
+SOLVED_DRAIN_SHARE = 0.9
+
+
+def _solve_drain(model: WriteModel, known_cache: Optional[tuple], fill_then: Any, cliff: Any,
+                 planned_drain: Optional[float]) -> None:
+    """After a cliff the model did not predict, with the cache size measured: the drain
+    that puts the cliff where it came (``drain_from_cliff``; ``SOLVED_DRAIN_SHARE`` of it)
+    replaces the doubted one (the
+    slow end of drives, assumed until refills measure it, which made saves take several
+    times the shortest), and the cache size stays what was measured. Where no drain
+    explains the cliff, the drain stays doubted."""
+    if known_cache is None or not planned_drain:
+        return
+    size, evidence = known_cache
+    drain = drain_from_cliff(float(size), fill_then, cliff, planned_drain)
+    if drain is None:
+        return
+    model.drain_rate = SOLVED_DRAIN_SHARE * drain
+    model.note("drain_rate", ESTIMATED, "a cliff the model did not predict")
+    model.cache_size = size
+    model.evidence["cache_size"] = evidence
+    model.set_fill(float(size), model.fill_time)  # it was full at the cliff
+    model.save()
 
 
 class DriveLearner:
@@ -69,6 +105,17 @@ class DriveLearner:
         time.monotonic() when it ended."""
         planner = controller.planner
         prior = (model.fill, model.fill_time)
+        # The premise a cliff the model did not predict can be solved against: a measured
+        # cache size, and the drain this save planned with.
+        known_cache = (model.cache_size, model.evidence.get("cache_size")) \
+            if model.how("cache_size") == MEASURED else None
+        planned_drain = model.recovery_rate
+        def fill_then(drain: float) -> float:
+            """The fill this save began from, by the drain the refills measure."""
+            if not prior[1]:
+                return 0.0  # nothing known before: a drive seen for the first time
+            return drained(prior[0] + written_since, drain, began - prior[1])
+
         doubted = controller.measuring == UNPREDICTED_CLIFF or (
             controller.measuring is not None and "drain_rate" in controller.probe)
         if doubted:
@@ -90,12 +137,6 @@ class DriveLearner:
                 model.drain_rate = floor
                 model.note("drain_rate", LOWER_BOUND, "save written past the model's cliff")
                 model.save()
-        def fill_then(drain: float) -> float:
-            """The fill this save began from, by the drain the refills measure."""
-            if not prior[1]:
-                return 0.0  # nothing known before: a drive seen for the first time
-            return drained(prior[0] + written_since, drain, began - prior[1])
-
         # A planned save whose unpaced burst met a cliff in its last second (too short for the
         # controller to call it one the model did not predict) ends in it all the same: the
         # model was wrong, and the cache is full. Measured after, as after such a cliff.
@@ -104,6 +145,8 @@ class DriveLearner:
                      and timeline[-1][2] <= 0)
         if surprised and _doubt_drain(model, UNPREDICTED_CLIFF):
             model.save()
+        if cliff is not None and (surprised or controller.measuring == UNPREDICTED_CLIFF):
+            _solve_drain(model, known_cache, fill_then, cliff, planned_drain)
         ends_full = (measuring and controller.ends_full) or surprised
         write_began, save_s = full_at - (ended - began), ended - began
         unpaced = bool(timeline) and all(r[2] <= 0 for r in timeline)

@@ -45,7 +45,8 @@ from .write_model import (
 )
 from .write_on import timed_write
 
-__all__ = ["MIN_RATE_SECONDS", "drain_lower_bound", "drive_write_rate", "learn_after_save",
+__all__ = ["MIN_RATE_SECONDS", "drain_from_cliff", "drain_lower_bound", "drive_write_rate",
+           "learn_after_save",
            "learn_from_save", "learn_sustained", "learn_written_on", "measure_refills",
            "refill_drain"]
 
@@ -256,6 +257,27 @@ def drain_lower_bound(timeline: Timeline, cache_size: float) -> float:
         if end > 0:
             best = max(best, (written - cache_size) / end)
     return best
+
+
+def drain_from_cliff(cache_size: float, start_fill: Callable[[float], float], cliff: Cliff,
+                     ceiling: float) -> Optional[float]:
+    """The recovery rate that puts a cliff the model did not predict where it came: a save
+    that began with ``start_fill(drain)`` bytes in a cache of ``cache_size`` met it after
+    ``cliff.bytes_before`` bytes and ``cliff.seconds``, so ``start_fill(d) + bytes_before -
+    d * seconds = cache_size``. The left side falls as ``d`` grows; the root below
+    ``ceiling`` (the drain the save planned with, which put the cliff later) is the drain the
+    drive showed, given the cache size and the fill the save began from. None where no drain
+    in ``[0, ceiling]`` puts it there (the cache or the fill is what was wrong)."""
+    def excess(drain: float) -> float:
+        return start_fill(drain) + cliff.bytes_before - drain * cliff.seconds - cache_size
+
+    if ceiling <= 0 or excess(0.0) < 0 or excess(ceiling) > 0:
+        return None
+    low, high = 0.0, ceiling
+    for _ in range(60):  # to well under a byte per second
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if excess(middle) > 0 else (low, middle)
+    return 0.5 * (low + high) or None
 
 
 def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float, total: float,

@@ -25,7 +25,8 @@ from ..sizes import format_size
 from .device import device_of
 from .probe import default_cache_dir, device_ident
 
-__all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "Evidence", "LOWER_BOUND", "MEASURED", "PARAMETERS",
+__all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "ESTIMATED", "Evidence", "LOWER_BOUND", "MEASURED",
+           "PARAMETERS",
            "RECONFIRM_AFTER", "RETRY_AFTER", "WriteModel", "drained", "load_model",
            "model_path"]
 
@@ -33,8 +34,9 @@ MODEL_VERSION = 2
 
 #: The figures a cliff plan rests on.
 PARAMETERS = ("cache_size", "post_cache_rate", "drain_rate")
-#: Evidence kinds, strongest first.
-MEASURED, LOWER_BOUND, ASSUMED = "measured", "lower bound", "assumed"
+#: Evidence kinds, strongest first. *estimated*: solved from what the drive showed, given other
+#: figures of the model (a recovery rate from where a cliff came, given the cache size).
+MEASURED, ESTIMATED, LOWER_BOUND, ASSUMED = "measured", "estimated", "lower bound", "assumed"
 #: Without a measurement, the cache is assumed to recover at this share of the post-cache rate:
 #: the slow end of the drives documented in docs/emulation.md, so the guess errs safe.
 ASSUMED_DRAIN_SHARE = 0.5
