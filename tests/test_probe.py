@@ -97,8 +97,11 @@ print(json.dumps(paired_ratio(sys.argv[1], sys.argv[2], pairs=int(sys.argv[3])))
 
 
 def _paired_ratio(path, op, pairs):
+    # From the file's folder: a source checkout in the current folder would shadow the
+    # installed package (and its built core) for `python -c`.
     out = subprocess.run([sys.executable, "-c", _PAIRED, str(path), op, str(pairs)],
-                         capture_output=True, text=True, env=child_env(), timeout=600)
+                         capture_output=True, text=True, env=child_env(), timeout=600,
+                         cwd=os.path.dirname(path))
     assert out.returncode == 0, out.stderr
     return tuple(json.loads(out.stdout))
 
