@@ -310,7 +310,7 @@ class ShardSource(IterableDataset):
         self.last_stats = ReadStats()
         # The board, not the stream: a pass kept by the stream must not keep the stream alive.
         on_end = functools.partial(_record, self.board, info.id if info else 0,
-                                   self.board.generation())
+                                   self.board.pass_generation(worker=info is not None))
         ctx = PassContext(self.urls, self.io_settings, self.handler, self.last_stats, on_end,
                           config.shuffle_buffer, config.seed, self.epoch, world.rank,
                           world.worker, world.num_workers, config.lanes, config.batch_size,

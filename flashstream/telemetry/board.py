@@ -8,6 +8,12 @@ began before the reset (one left unfinished, which persistent DataLoader workers
 when the next epoch starts) does not leak into the next report. The file is made by the process
 that creates the stream and removed when that object is collected; workers (forked or spawned)
 open it by path. No pickling of stats, no extra queues.
+
+A DataLoader worker opens its first pass when the process has started, which can be after a
+``reset()`` that came once the DataLoader iteration that started it was under way (persistent
+workers of an epoch broken off early, slow to start, then reset and resumed): that pass belongs
+to the generation in force when the worker process was made, which the board notes as the
+process is forked (or pickled for a spawned one). See :meth:`StatsBoard.pass_generation`.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ def _slot_layout():
 
 _ROWS = MAX_SLOTS + 1  # the slots, then one row whose first word is the generation
 
+_LIVE: weakref.WeakSet[StatsBoard] = weakref.WeakSet()  # this process's boards, for forks
+_LIVE_LOCK = threading.Lock()
+
 
 class StatsBoard:
     """Per-worker slots of counters and latency histograms in one shared file."""
@@ -60,12 +69,19 @@ class StatsBoard:
         self._map: Optional[mmap.mmap] = None
         self._pid = -1
         self._lock = threading.Lock()
+        # The generation when this process (a copy of the board in it) was made from the one
+        # that made the board: a DataLoader worker's first pass belongs to it.
+        self._born: Optional[int] = None
+        self._at_fork: Optional[int] = None
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def __getstate__(self) -> Dict[str, object]:
-        return {"path": self.path}
+        return {"path": self.path, "generation": self._peek()}
 
     def __setstate__(self, state: Dict[str, object]) -> None:
         self.__init__(state["path"])  # a worker's copy: opens the same file, never removes it
+        self._born = state.get("generation")  # pickled as a spawned worker was started
 
     def _array(self) -> np.ndarray:
         if self._map is None or self._pid != os.getpid():  # fresh mapping after a fork
@@ -75,8 +91,23 @@ class StatsBoard:
         return np.frombuffer(self._map, dtype=np.int64).reshape(_ROWS, -1)
 
     def generation(self) -> int:
-        """The current generation: give it to ``add`` for a pass starting now."""
+        """The current generation."""
         return int(self._array()[MAX_SLOTS, 0])
+
+    def pass_generation(self, worker: bool) -> int:
+        """The generation of a pass starting now, to give to ``add``: the current one, except
+        for the first pass of a DataLoader worker (``worker``), which belongs to the generation
+        in force when the worker process was made. The DataLoader iteration that made the
+        process started then; the worker gets to its pass later, and a ``reset()`` in between
+        must not count it (an epoch broken off early would leak into the next report)."""
+        born, self._born = self._born, None
+        return born if worker and born is not None else self.generation()
+
+    def _peek(self) -> Optional[int]:
+        try:
+            return self.generation()
+        except (OSError, ValueError):  # the board is gone
+            return None
 
     def add(self, slot: int, counters: Dict[str, int], latency_counts,
             generation: Optional[int] = None) -> None:
@@ -148,6 +179,25 @@ class StatsBoard:
                                 sum_ns=out["latency_sum_ns"])
         out["latency"] = hist
         return out
+
+
+def _before_fork() -> None:
+    """In the forking process: note each board's generation for the child (see ``_born``)."""
+    with _LIVE_LOCK:
+        boards = list(_LIVE)
+    for board in boards:
+        board._at_fork = board._peek()
+
+
+def _after_fork_in_child() -> None:
+    global _LIVE_LOCK
+    _LIVE_LOCK = threading.Lock()  # another thread may have held it as the process forked
+    for board in list(_LIVE):
+        board._born, board._at_fork = board._at_fork, None
+        board._lock = threading.Lock()  # the same, for a board's own lock
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _unlink(path: str, owner_pid: int) -> None:
