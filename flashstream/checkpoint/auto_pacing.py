@@ -82,7 +82,7 @@ class AutoPacing:
         start_fill = model.fill_at(written=written_since)
         planned = {"fast_rate": model.fast_rate, "cache_size": model.cache_size,
                    "post_cache_rate": model.post_cache_rate,
-                   "recovery_rate": model.recovery_rate, "fill": start_fill}
+                   "recovery_rate": model.planning_recovery, "fill": start_fill}
         return AutoSave(model, controller, written_since, start_fill, planned)
 
     def time_left(self, called: float, tail_extra: float) -> Optional[float]:

@@ -54,27 +54,20 @@ def _doubt_drain(model: WriteModel, why: str) -> bool:
     return True
 
 
-#: The share of a drain solved from a cliff that pacing takes: the solution is the difference
-#: of two large byte counts over the seconds to the cliff, and a cliff placed an interval of
-#: the timeline late moves it by several percent.
-SOLVED_DRAIN_SHARE = 0.9
-
-
 def _solve_drain(model: WriteModel, known_cache: Optional[tuple], fill_then: Any, cliff: Any,
                  planned_drain: Optional[float]) -> None:
     """After a cliff the model did not predict, with the cache size measured: the drain
-    that puts the cliff where it came (``drain_from_cliff``; ``SOLVED_DRAIN_SHARE`` of it)
-    replaces the doubted one (the
-    slow end of drives, assumed until refills measure it, which made saves take several
-    times the shortest), and the cache size stays what was measured. Where no drain
-    explains the cliff, the drain stays doubted."""
+    that puts the cliff where it came (``drain_from_cliff``, an estimate: pacing counts on
+    ``ESTIMATE_SHARE`` of it) replaces the doubted one (the slow end of drives, assumed until
+    refills measure it, which made saves take several times the shortest), and the cache size
+    stays what was learned. Where no drain explains the cliff, the drain stays doubted."""
     if known_cache is None or not planned_drain:
         return
     size, evidence = known_cache
     drain = drain_from_cliff(float(size), fill_then, cliff, planned_drain)
     if drain is None:
         return
-    model.drain_rate = SOLVED_DRAIN_SHARE * drain
+    model.drain_rate = drain
     model.note("drain_rate", ESTIMATED, "a cliff the model did not predict")
     model.cache_size = size
     model.evidence["cache_size"] = evidence
@@ -108,8 +101,8 @@ class DriveLearner:
         # The premise a cliff the model did not predict can be solved against: a measured
         # cache size, and the drain this save planned with.
         known_cache = (model.cache_size, model.evidence.get("cache_size")) \
-            if model.how("cache_size") == MEASURED else None
-        planned_drain = model.recovery_rate
+            if model.how("cache_size") in (MEASURED, ESTIMATED) else None
+        planned_drain = model.planning_recovery
         def fill_then(drain: float) -> float:
             """The fill this save began from, by the drain the refills measure."""
             if not prior[1]:

@@ -194,7 +194,7 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
     (``WriteModel.fill_at``)."""
     common = dict(read_slo=read_slo, disk=disk, min_rate=min_rate, fast_rate=model.fast_rate)
     if model.has_cliff:
-        cache, recovery = float(model.cache_size), float(model.recovery_rate)
+        cache, recovery = float(model.cache_size), float(model.planning_recovery)
         probe = model.unconfirmed(now)
     elif model.cliff_free >= total:
         cache, recovery = math.inf, float(model.fast_rate or math.inf)

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 from .cliff import find_cliff
 from .write_on import timed_write
 
-__all__ = ["MAX_IDLE", "measure_refills", "point_timeline", "refill_drain"]
+__all__ = ["MAX_IDLE", "measure_refills", "point_timeline", "refill_drain", "two_readings"]
 
 
 def point_timeline(point) -> List[Tuple[float, float, float]]:
@@ -108,6 +108,14 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
         return None
     cap = 0.95 * fast if fast else rate
     return min(cap, max(rate, 1.0))
+
+
+def two_readings(refills: Sequence[Tuple[float, float]]) -> bool:
+    """Whether ``refills`` give the recovery rate as a difference, the detection lag
+    cancelled (:func:`refill_drain`): else it is one reading's, with the lag in (an
+    estimate)."""
+    usable = sorted((t, b) for t, b in refills if t > 0 and b > 0)
+    return len(usable) >= 2 and usable[-1][0] > usable[0][0] and usable[-1][1] > usable[0][1]
 
 
 def _stop_below(fast: float, post: float) -> float:

@@ -34,9 +34,11 @@ from .refills import (
     measure_refills,
     point_timeline,
     refill_drain,
+    two_readings,
 )
 from .write_model import (
     ASSUMED,
+    ESTIMATED,
     LOWER_BOUND,
     MEASURED,
     WriteModel,
@@ -108,15 +110,16 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     refills, full = measure_refills(directory, fast=model.fast_rate, post=post, full_at=ended,
                                     idle=idle, cap=nbytes, progress=progress)
     model.drain_rate = refill_drain(refills, model.fast_rate)
+    how = MEASURED if two_readings(refills) else ESTIMATED
     if model.drain_rate is not None:
-        model.note("drain_rate", MEASURED, "probe")
+        model.note("drain_rate", how, "probe")
     else:  # tried: assumed until a later try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "probe, no refill reading")
     # Unmeasured, the drain stands at the post-cache rate here: the smaller cache (see
     # _learn_cliff).
     recovery = model.drain_rate if model.drain_rate is not None else post
     model.cache_size = max(cliff.bytes_before - recovery * cliff.seconds, float(1 << 20))
-    model.note("cache_size", MEASURED if model.drain_rate is not None else LOWER_BOUND, "probe")
+    model.note("cache_size", how if model.drain_rate is not None else LOWER_BOUND, "probe")
     model.note("post_cache_rate", MEASURED if cliff.rate_seconds >= MIN_RATE_SECONDS
                else LOWER_BOUND, "probe", cliff.rate_seconds)
     model.cliff_free = 0.0
@@ -204,8 +207,8 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
     size = start_fill + cliff.bytes_before - drain * cliff.seconds
     if size > 0:
         model.cache_size = size
-        model.note("cache_size", MEASURED if model.how("drain_rate") == MEASURED
-                   else LOWER_BOUND, "save")
+        how = model.how("drain_rate")  # the cache is known as well as the drain is
+        model.note("cache_size", how if how in (MEASURED, ESTIMATED) else LOWER_BOUND, "save")
     model.cliff_free = 0.0
     fill = float(model.cache_size or 0.0)
     model.set_fill(fill if end_fill is None else min(fill, end_fill), ended)
@@ -235,11 +238,14 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
         model.save()
         return None
     model.drain_rate = drain
-    model.note("drain_rate", MEASURED, "learning save")
+    # One refill's reading (the next save cut the second off) has its cliff's detection lag
+    # in it: an estimate, which pacing counts on less of (WriteModel.planning_recovery).
+    how = MEASURED if two_readings(refills) else ESTIMATED
+    model.note("drain_rate", how, "learning save")
     size = start_fill(drain) + cliff.bytes_before - drain * cliff.seconds
     if size > 0:
         model.cache_size = size
-        model.note("cache_size", MEASURED, "learning save")
+        model.note("cache_size", how, "learning save")
     if full:
         model.set_fill(float(model.cache_size or 0.0))
     model.save()

@@ -26,7 +26,7 @@ from .device import device_of
 from .probe import default_cache_dir, device_ident
 
 __all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "ESTIMATED", "Evidence", "LOWER_BOUND", "MEASURED",
-           "PARAMETERS",
+           "ESTIMATE_SHARE", "PARAMETERS",
            "RECONFIRM_AFTER", "RETRY_AFTER", "WriteModel", "drained", "load_model",
            "model_path"]
 
@@ -40,9 +40,13 @@ MEASURED, ESTIMATED, LOWER_BOUND, ASSUMED = "measured", "estimated", "lower boun
 #: Without a measurement, the cache is assumed to recover at this share of the post-cache rate:
 #: the slow end of the drives documented in docs/emulation.md, so the guess errs safe.
 ASSUMED_DRAIN_SHARE = 0.5
-#: Seconds after which a measured figure is stale and a save measures it again: a drive's
-#: behaviour drifts (firmware, wear, other tenants), and a model that is never tested upward
-#: would stay too slow for good.
+#: The share of an estimated recovery rate that pacing counts on (and the cache estimate
+#: drains at): an estimate carries a bias it cannot see, such as the detection lag of the one
+#: cliff a single refill reading comes from, which puts it high.
+ESTIMATE_SHARE = 0.9
+#: Seconds after which a measured (or estimated) figure is stale and a save measures it again:
+#: a drive's behaviour drifts (firmware, wear, other tenants), and a model that is never
+#: tested upward would stay too slow for good.
 RECONFIRM_AFTER = 24 * 3600.0
 #: Seconds before a figure a measurement failed to measure (a refill cut short by the next
 #: save, say) is tried again: not at every save, each of which would meet the cliff.
@@ -101,6 +105,15 @@ class WriteModel:
         return None if self.post_cache_rate is None else (
             ASSUMED_DRAIN_SHARE * self.post_cache_rate)
 
+    @property
+    def planning_recovery(self) -> Optional[float]:
+        """The recovery rate pacing counts on: :attr:`recovery_rate`, an estimated one at
+        ``ESTIMATE_SHARE`` of it."""
+        rate = self.recovery_rate
+        if rate is not None and self.how("drain_rate") == ESTIMATED:
+            return ESTIMATE_SHARE * rate
+        return rate
+
     # -- evidence --------------------------------------------------------------------------
     def note(self, name: str, how: str, source: str, seconds: float = 0.0,
              when: Optional[float] = None) -> None:
@@ -121,8 +134,8 @@ class WriteModel:
         out = []
         for name in PARAMETERS:
             found = self.evidence.get(name)
-            if found is None or found.age(now) > (max_age if found.how == MEASURED
-                                                  else retry_after):
+            if found is None or found.age(now) > (
+                    max_age if found.how in (MEASURED, ESTIMATED) else retry_after):
                 out.append(name)
         return out
 
@@ -136,7 +149,7 @@ class WriteModel:
         if not self.has_cliff or not (self.fill or written):
             return 0.0
         now = time.time() if when is None else when
-        fill = drained(self.fill + max(0.0, written), self.recovery_rate or 0.0,
+        fill = drained(self.fill + max(0.0, written), self.planning_recovery or 0.0,
                        now - self.fill_time)
         return min(fill, float(self.cache_size))
 
@@ -178,8 +191,8 @@ class WriteModel:
             found = self.evidence.get(name)
             if found is None:
                 return f"  [{self.how(name)}]"
-            stale = ", stale" if found.how == MEASURED and found.age(now) > RECONFIRM_AFTER \
-                else ""
+            aged = found.how in (MEASURED, ESTIMATED) and found.age(now) > RECONFIRM_AFTER
+            stale = ", stale" if aged else ""
             return f"  [{found.how}, {found.source}, {_age(found.age(now))} ago{stale}]"
 
         lines = [f"write model of {self.device} ({self.observations} observations: "
