@@ -66,6 +66,33 @@ def test_a_paced_interval_never_feeds_the_post_cache_rate(tmp_path):
     assert model.post_cache_rate is None and not model.has_cliff
 
 
+def test_a_pacer_met_in_bursts_is_still_the_pacer():
+    """A drive (or its throttle) that completes requests in bursts: a save paced at 100 MB/s
+    in its cliff completes 200 MB/s every other 50 ms interval and nothing between. Each
+    empty interval alone looks held up by the drive; together they are the pacer's pace, and
+    the cliff's rate is the 1 s the drive wrote unpaced (180 MB/s), not a mean pulled down by
+    the empty intervals. (Judged interval by interval, the rate came out at a quarter of the
+    drive's, and the drain assumed from it made the next save many times slower.)"""
+    from flashstream.telemetry.cliff import drive_limited, find_cliff, intervals
+
+    rows, t = [], 0.0
+    for seconds, rate in ((2.0, 800 * MB), (1.5, 180 * MB)):
+        for _ in range(round(seconds / WIDTH)):
+            t += WIDTH
+            rows.append((t, rate * WIDTH, 0.0))
+    for k in range(60):  # 3 s paced at 100 MB/s, in bursts
+        t += WIDTH
+        rows.append((t, (200 * MB if k % 2 else 0.0) * WIDTH, 100 * MB))
+    rows.append((t + WIDTH, 0.0, 0.0))
+    paced = [r for r in intervals(rows) if r[3] > 0]
+    assert drive_limited(paced) == []
+    cliff = find_cliff(rows, unpaced=True)
+    assert cliff is not None and cliff.rate == pytest.approx(180 * MB, rel=0.02)
+    # Held up for real: paced at 100 MB/s, 40 MB/s completed on average, in bursts.
+    held = [(r[0], r[1], (80 * MB if i % 2 else 0.0), r[3]) for i, r in enumerate(paced)]
+    assert drive_limited(held) == held
+
+
 def test_a_short_stretch_of_the_drives_own_pace_is_a_lower_bound(tmp_path):
     model = load_model(tmp_path)
     learn(model, timeline((2.0, 800 * MB, 0), (0.9, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))

@@ -194,11 +194,40 @@ def _allowed(rows, peak: float) -> float:
     return allowed / seconds if seconds > 0 else 0.0
 
 
-def drive_limited(rows, slack: float = 1.2) -> list:
+#: Seconds of consecutive paced rows judged together by :func:`drive_limited`.
+DRIVE_WINDOW_S = 0.25
+
+
+def drive_limited(rows, slack: float = 1.2, window: float = DRIVE_WINDOW_S) -> list:
     """The rows in which the drive, not a pacer, set the throughput: unpaced, or paced more
     than ``slack`` x above what completed (requests queued behind the drive). Only these show
-    what the drive can do; a paced row shows the pacer."""
-    return [r for r in rows if r[3] <= 0 or r[3] > slack * r[2]]
+    what the drive can do; a paced row shows the pacer.
+
+    Paced rows are judged in stretches of ``window`` seconds, not one by one: a row holds
+    whole requests, and a drive (or a throttle) that completes them in bursts leaves empty
+    rows between full ones. Judged alone, the empty rows passed for the drive's pace and the
+    full ones for the pacer's, and the rate read from them came out at a fraction of the
+    drive's."""
+    out: list = []
+    stretch: list = []
+
+    def judge() -> None:
+        seconds = sum(r[1] - r[0] for r in stretch)
+        pace = sum(r[3] * (r[1] - r[0]) for r in stretch) / seconds if seconds > 0 else 0.0
+        if stretch and pace > slack * mean_rate(stretch):
+            out.extend(stretch)
+        stretch.clear()
+
+    for r in rows:
+        if r[3] <= 0:
+            judge()
+            out.append(r)
+            continue
+        stretch.append(r)
+        if stretch[-1][1] - stretch[0][0] >= window:
+            judge()
+    judge()
+    return out
 
 
 def mean_rate(rows) -> float:
