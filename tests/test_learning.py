@@ -395,6 +395,17 @@ def test_the_new_file_rate_comes_only_from_an_unpaced_run(tmp_path):
     assert model.fast_rate == pytest.approx(700 * MB, rel=0.02)
 
 
+def test_a_drive_that_completes_in_bursts_gives_its_mean_new_file_rate(tmp_path):
+    """A measuring save on a drive that completes requests in 100 ms bursts (1500 MB/s rows
+    between empty ones: 750 MB/s) up to its cliff: the new-file rate is the run's 750, not a
+    burst's 1500, which made later saves call the drive's own rate a cliff."""
+    model = WriteModel(device="t", path=str(tmp_path / "m.json"))
+    rows = timeline(*[(0.05, 1500 * MB, 0), (0.05, 0.0, 0)] * 15, (2.0, 180 * MB, 0))
+    cliff = learn(model, rows, total=2e9, measured=True)
+    assert cliff is not None
+    assert model.fast_rate == pytest.approx(750 * MB, rel=0.05)
+
+
 class _Submitted:
     """An executor that records what it is given instead of running it."""
 
