@@ -96,12 +96,11 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
     reading gives it with the lag in (a little high), as do two that contradict each other (the
     lower of the two then). None without a usable reading. At most
     95% of ``fast``: a drive that folds as fast as it writes has no cliff to plan around."""
-    usable = sorted((t, b) for t, b in refills if t > 0 and b > 0)
+    usable = _usable(refills)
     if len(usable) >= 2:
         (t1, b1), (t2, b2) = usable[0], usable[-1]
         # A longer gap that took no more bytes is noise: then the lower single reading.
-        consistent = t2 > t1 and b2 > b1
-        rate = (b2 - b1) / (t2 - t1) if consistent else min(b1 / t1, b2 / t2)
+        rate = (b2 - b1) / (t2 - t1) if two_readings(refills) else min(b1 / t1, b2 / t2)
     elif usable:
         rate = usable[0][1] / usable[0][0]
     else:
@@ -114,8 +113,13 @@ def two_readings(refills: Sequence[Tuple[float, float]]) -> bool:
     """Whether ``refills`` give the recovery rate as a difference, the detection lag
     cancelled (:func:`refill_drain`): else it is one reading's, with the lag in (an
     estimate)."""
-    usable = sorted((t, b) for t, b in refills if t > 0 and b > 0)
+    usable = _usable(refills)
     return len(usable) >= 2 and usable[-1][0] > usable[0][0] and usable[-1][1] > usable[0][1]
+
+
+def _usable(refills: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """The readings with time and bytes, shortest gap first."""
+    return sorted((t, b) for t, b in refills if t > 0 and b > 0)
 
 
 def _stop_below(fast: float, post: float) -> float:
