@@ -26,7 +26,7 @@ class Cliff:
     bytes_before: float        # bytes completed before it
     rate: Optional[float]      # median bytes/s in the cliff where the drive, not the pacer,
     #                            set the pace (None: the pacer held it below the drive)
-    fast_rate: Optional[float]  # median unpaced bytes/s before it (None: paced throughout)
+    fast_rate: Optional[float]  # mean unpaced bytes/s before it (None: paced throughout)
     rate_seconds: float = 0.0   # seconds of the drive's own pace that ``rate`` comes from
 
 
@@ -86,7 +86,12 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = CLIFF_HO
                 # The first `hold` seconds in the cliff still complete requests the drive took
                 # before it (they were past the throttle, or in its cache): leave them out.
                 free = drive_limited(rows[i + run:])
-                before = [r for r in rows[floor:i] if r[3] <= 0]
+                # The whole unpaced run up to the cliff, stalls in, not only after the last
+                # stall: where a drive completes requests in bursts (full rows between empty
+                # ones) the stretch after the last drop the write came back from can be one
+                # burst, twice the drive's rate; pacing then called the drive's true rate a
+                # cliff.
+                before = [r for r in rows[:i] if r[3] <= 0]
                 start, done = _refined(rows, i, run, start, done, floor)
                 return Cliff(start, done, mean_rate(free) if len(free) >= run else None,
                              mean_rate(before) if before else None,

@@ -103,10 +103,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
         return model
     post = cliff.rate or (first.bytes - cliff.bytes_before) / max(
         1e-9, first.seconds - cliff.seconds)
-    # The whole run up to the cliff (see learn_from_save: the cliff's own fast_rate can be a
-    # burst's).
-    model.fast_rate = cliff.bytes_before / max(cliff.seconds, 1e-9) if cliff.seconds > 0 \
-        else cliff.fast_rate
+    model.fast_rate = cliff.fast_rate or first.bytes / first.seconds
     model.post_cache_rate = post
     guess = max(cliff.bytes_before - post * cliff.seconds, float(64 << 20))
     idle = min(MAX_IDLE, 0.2 * guess / post) if idle is None else idle
@@ -151,16 +148,12 @@ def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
     # The new-file rate only from an unpaced run (up to the cliff, if any): unpaced rows picked
     # out from between paced ones are the throttle's or the pacer's bursts, not the drive's
     # rate (read so, a drive's fast rate came out twice the truth).
-    # The whole run's mean, not the cliff's own fast_rate: that one is read from after the
-    # last drop the write came back from, and where a drive completes requests in bursts
-    # (full rows between empty ones) that can be the last burst alone, twice the drive's
-    # rate; pacing then called the drive's true rate half its own, a cliff.
     before = [r for r in rows if cliff is None or r[1] <= cliff.seconds]
     if before and all(r[3] <= 0 for r in before):
         if cliff is None and sum(r[1] - r[0] for r in before) >= 1.0:
             model.fast_rate = mean_rate(before)
         elif cliff is not None and cliff.fast_rate:
-            model.fast_rate = min(cliff.fast_rate, mean_rate(before))
+            model.fast_rate = cliff.fast_rate
     model.sources.append("save")
     model.observations += 1
     if cliff is not None:
