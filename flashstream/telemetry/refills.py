@@ -34,15 +34,16 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
                     attempts: Optional[List[dict]] = None
-                    ) -> Tuple[List[Tuple[float, float]], bool]:
+                    ) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
     bytes up to the cliff again. A refill slow from its first byte found the drive still
     folding (one that leaves its cliff only once it has freed a margin): the same full cache is
     back, so it is repeated after twice the gap. Returns the readings for
-    :func:`refill_drain` and whether the cache was left full. ``stop``: end early (between
-    writes) once set. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
-    found), for reports."""
+    :func:`refill_drain` and when (time.monotonic()) the cache was last full, where it was left
+    so (the last write's end; ``full_at`` where none followed), else None. ``stop``: end early
+    (between writes) once set. ``attempts``: gets a dict per refill (its gap, bytes, seconds,
+    what it found), for reports."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
     full, ended = True, full_at
@@ -85,7 +86,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
             break  # the cache drained completely (or never let go): no second reading
         if stop is not None and stop.is_set():
             break
-    return refills, full
+    return refills, ended if full else None
 
 
 def refill_drain(refills: Sequence[Tuple[float, float]],

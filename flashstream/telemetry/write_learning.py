@@ -107,8 +107,9 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     model.post_cache_rate = post
     guess = max(cliff.bytes_before - post * cliff.seconds, float(64 << 20))
     idle = min(MAX_IDLE, 0.2 * guess / post) if idle is None else idle
-    refills, full = measure_refills(directory, fast=model.fast_rate, post=post, full_at=ended,
-                                    idle=idle, cap=nbytes, progress=progress)
+    refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
+                                          full_at=ended, idle=idle, cap=nbytes,
+                                          progress=progress)
     model.drain_rate = refill_drain(refills, model.fast_rate)
     how = MEASURED if two_readings(refills) else ESTIMATED
     if model.drain_rate is not None:
@@ -123,7 +124,10 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     model.note("post_cache_rate", MEASURED if cliff.rate_seconds >= MIN_RATE_SECONDS
                else LOWER_BOUND, "probe", cliff.rate_seconds)
     model.cliff_free = 0.0
-    model.set_fill(model.cache_size if refills or full else 0.0)
+    if full_since is not None:
+        model.set_fill(model.cache_size, _wall(full_since))
+    else:
+        model.set_fill(model.cache_size if refills else 0.0)
     model.save()
     return model
 
@@ -229,9 +233,10 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
         return None
     post = model.post_cache_rate
     guess = max(float(model.cache_size or cliff.bytes_before), float(64 << 20))
-    refills, full = measure_refills(directory, fast=model.fast_rate, post=post,
-                                    full_at=full_at, idle=min(MAX_IDLE, 0.2 * guess / post),
-                                    cap=cap, stop=stop, attempts=attempts)
+    refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
+                                          full_at=full_at,
+                                          idle=min(MAX_IDLE, 0.2 * guess / post),
+                                          cap=cap, stop=stop, attempts=attempts)
     drain = refill_drain(refills, model.fast_rate)
     if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "learning save, no refill reading")
@@ -246,10 +251,15 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     if size > 0:
         model.cache_size = size
         model.note("cache_size", how, "learning save")
-    if full:
-        model.set_fill(float(model.cache_size or 0.0))
+    if full_since is not None:  # full when the last refill ended, not when this returns
+        model.set_fill(float(model.cache_size or 0.0), _wall(full_since))
     model.save()
     return drain
+
+
+def _wall(monotonic: float) -> float:
+    """``monotonic`` (a time.monotonic() reading) as time.time()."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 def drain_lower_bound(timeline: Timeline, cache_size: float) -> float:
