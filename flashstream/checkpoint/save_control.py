@@ -201,7 +201,10 @@ def plan_save(model: WriteModel, *, total: int, within: Optional[float],
         probe = []
     else:
         return SaveController(None, measuring=UNKNOWN_DRIVE, **common)
+    # An estimate that dates from a full cache (a cliff, a refill's) may find the drive still
+    # in its cliff: the planner lets it drain first (checkpoint/pacing.py).
+    from_full = model.has_cliff and model.fill >= cache
     planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
                            fill=model.fill_at(written=written_since), deadline=within,
-                           settings=settings, lead=lead)
+                           settings=settings, lead=lead, from_full=from_full)
     return SaveController(planner, probe=probe, **common)
