@@ -464,3 +464,53 @@ def test_a_planned_burst_that_ends_in_an_unpredicted_cliff_is_measured_after(tmp
     assert model.drain_rate == pytest.approx(0.2e9 / 1.5, rel=1e-6)
     assert model.planning_recovery == pytest.approx(ESTIMATE_SHARE * model.drain_rate)
     assert model.cache_size == 1000 * MB and model.how("cache_size") == MEASURED
+
+
+def test_a_drive_short_of_a_slow_pace_is_in_its_cliff():
+    """Paced at no more than half the new-file rate, a drive out of its cliff keeps the pace:
+    a shortfall of a fifth that lasts is its cliff (where it writes at its post-cache rate,
+    above half a pace set near its drain); a short one, or one at a fast pace, is not."""
+    from flashstream.checkpoint.pacing import CachePlanner
+    from flashstream.checkpoint.save_control import SaveController
+
+    def window(start: float, pace: float, achieved: float):
+        return [(start + k * 0.05, (start + k * 0.05) * achieved, pace, 0.0) for k in range(21)]
+
+    def controller() -> SaveController:
+        planner = CachePlanner(total=int(4e9), cache_size=1e9, recovery_rate=200e6)
+        return SaveController(planner, fast_rate=800e6)
+
+    short = controller()
+    assert not short._cliff_seen(window(1.0, 200e6, 150e6))  # the shortfall begins
+    assert not short._cliff_seen(window(1.5, 200e6, 150e6))
+    assert short._cliff_seen(window(2.0, 200e6, 150e6))  # a second more: the cliff
+    kept = controller()
+    for start in (1.0, 1.5, 2.0, 2.5):
+        assert not kept._cliff_seen(window(start, 200e6, 190e6))
+    broken = controller()  # a shortfall that ends is the disk's own
+    assert not broken._cliff_seen(window(1.0, 200e6, 150e6))
+    assert not broken._cliff_seen(window(1.5, 200e6, 195e6))
+    assert not broken._cliff_seen(window(2.0, 200e6, 150e6))
+    fast = controller()  # at most of the new-file rate a fifth short is the drive's noise
+    for start in (1.0, 1.5, 2.0, 2.5):
+        assert not fast._cliff_seen(window(start, 600e6, 450e6))
+    assert controller()._cliff_seen(window(1.0, 600e6, 250e6))  # below half: at once
+
+
+def test_a_cliff_the_model_did_not_predict_is_written_to_the_end_if_figures_are_unconfirmed():
+    """A save that met a cliff its model did not predict leaves the cliff, unless the model
+    has unconfirmed figures: then it writes on to its end, so the refills after it confirm
+    them all (the next save would otherwise measure them in a cliff of its own)."""
+    from flashstream.checkpoint.pacing import CachePlanner
+    from flashstream.checkpoint.save_control import UNPREDICTED_CLIFF, SaveController
+
+    def controller(probe) -> SaveController:
+        planner = CachePlanner(total=int(4e9), cache_size=1e9, recovery_rate=200e6)
+        return SaveController(planner, fast_rate=800e6, probe=probe)
+
+    confirmed = controller(())
+    confirmed._measure(UNPREDICTED_CLIFF, 1.0)
+    assert not confirmed.ends_full
+    stale = controller(["cache_size"])
+    stale._measure(UNPREDICTED_CLIFF, 1.0)
+    assert stale.ends_full and stale.control.rate == 0

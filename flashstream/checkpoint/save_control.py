@@ -13,12 +13,18 @@ drive's written bytes, and sets the pace, in one of two modes:
     measured, or measured longer than ``RECONFIRM_AFTER`` ago): the save then either meets the
     cliff, measuring it, or shows the drive takes more than the model said;
   - from a cliff the model did not predict (throughput below half the pace for a second: a
-    shorter slow stretch is as often the disk's own): for ``MEASURE_S``, which gives the
-    post-cache rate; then the save paces at the sustained share of the recovery rate assumed
-    from it (``ASSUMED_DRAIN_SHARE``), which takes it out of the cliff. (Written on to its end
+    shorter slow stretch is as often the disk's own; or, paced at no more than half the
+    new-file rate, short of the pace by a fifth for two: a drive that could take the pace
+    from its cache falls short of it only in its cliff, where it may write at most of a pace
+    set near the drain): for ``MEASURE_S``, which gives the post-cache rate; then the save
+    paces at the sustained share of the recovery rate assumed from it
+    (``ASSUMED_DRAIN_SHARE``), which takes it out of the cliff. (Written on to its end
     instead, so that refills could follow, saves met their cliffs for seconds each, save
     after save, on the emulated drives of benchmarks/checkpoint.py --learning.) A save that
-    ends before it left the cliff ends with the cache full: refills follow it.
+    ends before it left the cliff ends with the cache full: refills follow it. So does one
+    whose model has unconfirmed figures (``probe``): it writes on in the cliff to its end,
+    and the refills confirm them all, where leaving the cliff left the cache size to the
+    next save, which measured it in a cliff of its own.
 
   Written unpaced into its cliff to its end, a save leaves the drive's cache full; the writer
   then measures the recovery rate with two refills (``telemetry.write_learning.
@@ -49,6 +55,14 @@ UNPREDICTED_CLIFF = "a cliff the model did not predict"
 CLIFF_S = 1.0
 #: Seconds a save that met a cliff the model did not predict writes unpaced in it.
 MEASURE_S = 1.0
+#: A pace at most this share of the new-file rate the drive takes from its cache at ease: a
+#: shortfall of more than ``1 - SHORTFALL`` of it that lasts ``SHORTFALL_S`` beyond a CLIFF_S
+#: window is the drive's cliff. (In its cliff a drive writes at its post-cache rate, which
+#: can be most of a pace set near its drain: the half rule alone never saw such a cliff, and
+#: a drain the model had too high put save after save in it; docs/checkpoint.md, step 7.)
+SLOW_PACE_SHARE = 0.5
+SHORTFALL = 0.8
+SHORTFALL_S = 1.0
 
 
 class SaveController:
@@ -78,6 +92,7 @@ class SaveController:
         self._disk0: Optional[int] = None  # the drive's written bytes when the save began
         self._measure_mark: Optional[tuple] = None  # (elapsed, done) as measuring began
         self.cliffs = 0
+        self._short_since: Optional[float] = None  # when a shortfall below the pace began
         self.slo_misses = 0
         self.conflicted = False
         self._stop = threading.Event()
@@ -103,7 +118,9 @@ class SaveController:
     def _measure(self, why: str, elapsed: float) -> None:
         """From now on, write unpaced: the drive sets the pace, and the model learns it."""
         self.measuring, self.measured_from = why, elapsed
-        self.ends_full = why != UNPREDICTED_CLIFF
+        # After a cliff the model did not predict, it leaves the cliff (_leave_cliff), unless
+        # figures are unconfirmed: then the refills after it confirm them (the docstring).
+        self.ends_full = why != UNPREDICTED_CLIFF or bool(self.probe)
         self.control.rate = 0.0
         log.info("flashstream: this checkpoint measures the drive from %.2f s: %s", elapsed,
                  why)
@@ -160,8 +177,9 @@ class SaveController:
         return None if now is None else float(now - self._disk0)
 
     def _cliff_seen(self, recent) -> bool:
-        """Throughput below half what the pacing allowed for CLIFF_S: the drive's cliff,
-        wherever the model put the cache's fill (a model that is wrong puts it anywhere)."""
+        """Throughput below half what the pacing allowed for CLIFF_S, or short of a slow
+        pace (``SLOW_PACE_SHARE``) for longer: the drive's cliff, wherever the model put the
+        cache's fill (a model that is wrong puts it anywhere)."""
         if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.9 * CLIFF_S:
             return False
         achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
@@ -170,7 +188,15 @@ class SaveController:
         fast = self.fast_rate or 0.0
         paces = [r[2] if r[2] > 0 else fast for r in recent[1:]]
         expected = min(paces) if paces and min(paces) > 0 else 0.0
-        return expected > 0 and achieved < 0.5 * expected
+        if expected > 0 and achieved < 0.5 * expected:
+            return True
+        slow = all(r[2] > 0 for r in recent[1:]) and 0 < expected <= SLOW_PACE_SHARE * fast
+        if not (slow and achieved < SHORTFALL * expected):
+            self._short_since = None
+            return False
+        if self._short_since is None:
+            self._short_since = recent[-1][0]
+        return recent[-1][0] - self._short_since >= SHORTFALL_S
 
     def _follow_slo(self, p95: Optional[float]) -> None:
         if p95 is None or self.read_slo is None or self.planner is None:
