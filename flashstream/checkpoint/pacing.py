@@ -210,9 +210,10 @@ class CachePlanner:
         sustained drain d (``worst``): writing R bytes at r ends at worst + R - d * R / r, so
         r = d * R / (worst + R - ceiling). It finishes as soon as filling the cache unpaced to
         the ceiling and then writing at d does, and it never bursts at the reads beside it;
-        never below d (past the ceiling by that count: sustained)."""
+        never below d (past the ceiling by that count: sustained). The bytes in flight
+        (``lead``) count only where the rest would go unpaced: a paced write keeps few."""
         sustained = self.settings.sustain * self.drain
-        excess = self.worst + self.lead + remaining - self.settings.ceiling * self.cache_size
-        if excess <= 0:
+        excess = self.worst + remaining - self.settings.ceiling * self.cache_size
+        if excess + self.lead <= 0:
             return 0.0  # all of it fits below the ceiling
-        return max(sustained, sustained * remaining / excess)
+        return max(sustained, sustained * remaining / max(excess, 1.0))

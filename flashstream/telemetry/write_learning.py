@@ -41,6 +41,7 @@ from .write_model import (
     ESTIMATED,
     LOWER_BOUND,
     MEASURED,
+    SIZING_DRAIN_SHARE,
     WriteModel,
     drained,
     load_model,
@@ -116,9 +117,8 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
         model.note("drain_rate", how, "probe")
     else:  # tried: assumed until a later try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "probe, no refill reading")
-    # Unmeasured, the drain stands at the post-cache rate here: the smaller cache (see
-    # _learn_cliff).
-    recovery = model.drain_rate if model.drain_rate is not None else post
+    # Unmeasured, the drain stands at the fast end here: the smaller cache (see _learn_cliff).
+    recovery = model.sizing_recovery or post
     model.cache_size = max(cliff.bytes_before - recovery * cliff.seconds, float(1 << 20))
     model.note("cache_size", how if model.drain_rate is not None else LOWER_BOUND, "probe")
     model.note("post_cache_rate", MEASURED if cliff.rate_seconds >= MIN_RATE_SECONDS
@@ -164,11 +164,13 @@ def learn_from_save(model: WriteModel, timeline: Timeline, *, total: float,
         _learn_cliff(model, rows, cliff, start_fill=start_fill, ended=ended,
                      end_fill=end_fill)
     elif model.has_cliff:
-        # The most the cache held, by the model's own drain: the model's size is at least that.
-        # Only an unpaced save says so: a planned one stays below the size by construction,
-        # and where it did not, its fill estimate (drifting with the drain's error from save
-        # to save) is no evidence of a larger cache.
-        recovery = model.recovery_rate
+        # The most the cache held, by the fastest drain the model allows (measured, else
+        # the fast end: sizing_recovery), so that the model's size is at least that. Only an
+        # unpaced save says so: a planned one stays below the size by construction, and where
+        # it did not, its fill estimate (drifting with the drain's error from save to save) is
+        # no evidence of a larger cache. (By the assumed slow drain, a save that took the
+        # drive's whole cache and more without a cliff raised it to 2.5 x.)
+        recovery = model.sizing_recovery
         held, peak = start_fill, start_fill
         for start, end, bps, _pace in rows:
             held = drained(held + bps * (end - start), recovery or 0.0, end - start)
@@ -205,9 +207,9 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
     if model.post_cache_rate is None:
         return  # no rate the drive set: nothing to size the cache by (the next save measures)
     # Bytes before the cliff = its size less what drained meanwhile. With the drain unknown,
-    # the post-cache rate stands for it here (the high end of what drives do: the smaller
-    # cache), where pacing assumes the low end (recovery_rate): both err safe.
-    drain = model.drain_rate if model.drain_rate is not None else (model.post_cache_rate or 0.0)
+    # the fast end of what drives do stands for it here (sizing_recovery: the smaller cache),
+    # where pacing assumes the slow end (recovery_rate): both err safe.
+    drain = model.sizing_recovery or 0.0
     size = start_fill + cliff.bytes_before - drain * cliff.seconds
     if size > 0:
         model.cache_size = size
@@ -342,7 +344,7 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
         model.post_cache_rate = seen.rate
         model.note("post_cache_rate", MEASURED if seen.rate_seconds >= MIN_RATE_SECONDS
                    else LOWER_BOUND, "writing on past a save", seen.rate_seconds)
-    drain = model.drain_rate or seen.rate or model.post_cache_rate or 0.0
+    drain = model.sizing_recovery or SIZING_DRAIN_SHARE * (seen.rate or 0.0)
     ended = time.time() - (time.monotonic() - found.ended)
     _learn_cliff(model, rows, cliff, start_fill=start_fill(drain) if start_fill else 0.0,
                  ended=ended, end_fill=None)

@@ -26,7 +26,7 @@ from .device import device_of
 from .probe import default_cache_dir, device_ident
 
 __all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "ESTIMATED", "Evidence", "LOWER_BOUND", "MEASURED",
-           "ESTIMATE_SHARE", "PARAMETERS",
+           "ESTIMATE_SHARE", "PARAMETERS", "SIZING_DRAIN_SHARE",
            "RECONFIRM_AFTER", "RETRY_AFTER", "WriteModel", "drained", "load_model",
            "model_path"]
 
@@ -40,6 +40,12 @@ MEASURED, ESTIMATED, LOWER_BOUND, ASSUMED = "measured", "estimated", "lower boun
 #: Without a measurement, the cache is assumed to recover at this share of the post-cache rate:
 #: the slow end of the drives documented in docs/emulation.md, so the guess errs safe.
 ASSUMED_DRAIN_SHARE = 0.5
+#: Without a measurement, a cache is sized as if it recovered at this share of the post-cache
+#: rate (the fast end of the same drives): bytes before a cliff less a faster drain give the
+#: smaller cache, so the guess errs safe there too. (At the post-cache rate, the fast end
+#: before docs/emulation.md's family was widened to recoveries of 1.6 x it, a drive folding
+#: at 1.34 x was sized at 1.37 x its cache.)
+SIZING_DRAIN_SHARE = 1.6
 #: The share of an estimated recovery rate that pacing counts on (and the cache estimate
 #: drains at): an estimate carries a bias it cannot see, such as the detection lag of the one
 #: cliff a single refill reading comes from, which puts it high.
@@ -104,6 +110,17 @@ class WriteModel:
             return self.drain_rate
         return None if self.post_cache_rate is None else (
             ASSUMED_DRAIN_SHARE * self.post_cache_rate)
+
+    @property
+    def sizing_recovery(self) -> Optional[float]:
+        """The recovery rate a cache is sized by (bytes written less what drained): measured,
+        else ``SIZING_DRAIN_SHARE`` of the post-cache rate (below the new-file rate)."""
+        if self.drain_rate is not None:
+            return self.drain_rate
+        if self.post_cache_rate is None:
+            return None
+        high = SIZING_DRAIN_SHARE * self.post_cache_rate
+        return min(high, 0.95 * self.fast_rate) if self.fast_rate else high
 
     @property
     def planning_recovery(self) -> Optional[float]:
