@@ -38,6 +38,7 @@ __all__ = [
     "FormatError",
     "OutputFile",
     "Pacer",
+    "ProbeCancel",
     "RangeReader",
     "RateControl",
     "Scanner",
@@ -78,6 +79,9 @@ is_meta_name = _core.is_meta_name
 histogram_bounds = _core.histogram_bounds
 #: One fio-like measurement on an existing file (see flashstream.telemetry.probe).
 run_probe = _core.run_probe
+#: ``ProbeCancel()``: ``set()`` from another thread ends a ``run_probe(cancel=)`` in progress
+#: (its requests in flight complete).
+ProbeCancel = _core.ProbeCancel
 #: A file of ``size`` random bytes written with O_DIRECT (space reserved first: ENOSPC early).
 create_probe_file = _core.create_probe_file
 

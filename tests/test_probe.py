@@ -131,3 +131,20 @@ def test_probe_measures_the_drive_as_fio_does(tmp_path, op):
             break
     assert 0.6 <= attempts[-1][0] <= 1 / 0.6, attempts
     os.unlink(path)
+
+
+def test_a_probe_run_ends_when_another_thread_cancels_it(tmp_path):
+    """A refill measurement must give way to a save at once: measure(cancel=) stops issuing
+    when the token is set, and what it did so far is its result."""
+    import threading
+
+    path = tmp_path / "c.bin"
+    engine.create_probe_file(str(path), 16 << 20)
+    cancel = engine.ProbeCancel()
+    timer = threading.Timer(0.1, cancel.set)
+    timer.start()
+    point = measure(path, op="read", block_size="256KiB", queue_depth=4, nbytes=1 << 40,
+                    interval=0.01, cancel=cancel)
+    timer.join()
+    assert cancel.is_set() and 0 < point.bytes < 1 << 40
+    assert point.seconds < 10.0

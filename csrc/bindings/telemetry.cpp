@@ -45,10 +45,15 @@ U64Array histogram_bounds() {
   return copy_to_numpy(bounds.data(), bounds.size());
 }
 
+// A flag another thread sets to end a probe run early (ProbeSpec::cancel).
+struct ProbeCancel {
+  std::atomic<bool> flag{false};
+};
+
 nb::dict run_probe_py(const std::string& path, const std::string& op, const std::string& pattern,
                       size_t block_size, unsigned queue_depth, uint64_t bytes, double duration,
                       const std::string& engine, bool direct, uint64_t seed, double interval,
-                      double stop_below, double stop_after) {
+                      double stop_below, double stop_after, const ProbeCancel* cancel) {
   ProbeSpec spec;
   spec.path = path;
   spec.op = parse_probe_op(op);  // std::invalid_argument -> ValueError
@@ -63,6 +68,7 @@ nb::dict run_probe_py(const std::string& path, const std::string& op, const std:
   spec.interval = interval;
   spec.stop_below = stop_below;
   spec.stop_after = stop_after;
+  spec.cancel = cancel ? &cancel->flag : nullptr;
   ProbeResult r;
   {
     nb::gil_scoped_release release;
@@ -97,10 +103,18 @@ void bind_telemetry(nb::module_& m) {
         nb::arg("queue_depth") = 32u, nb::arg("bytes") = uint64_t(0), nb::arg("duration") = 0.0,
         nb::arg("engine") = "auto", nb::arg("direct") = true, nb::arg("seed") = uint64_t(0),
         nb::arg("interval") = 0.0, nb::arg("stop_below") = 0.0, nb::arg("stop_after") = 0.0,
+        nb::arg("cancel").none() = nb::none(),
         "Measure the device like fio: queue_depth requests of block_size in flight on an "
         "existing file; stop issuing once the last stop_after seconds of the timeline averaged "
-        "below stop_below bytes/s (0: never). Returns a dict (bytes, seconds, sync_seconds, requests, direct, engine, "
-        "counts, min_ns, max_ns, sum_ns, timeline).");
+        "below stop_below bytes/s (0: never), or once `cancel` (a ProbeCancel) is set. Returns "
+        "a dict (bytes, seconds, sync_seconds, requests, direct, engine, counts, min_ns, "
+        "max_ns, sum_ns, timeline).");
+  nb::class_<ProbeCancel>(m, "ProbeCancel",
+                          "Ends a run_probe in progress from another thread (its requests in "
+                          "flight complete).")
+      .def(nb::init<>())
+      .def("set", [](ProbeCancel& c) { c.flag.store(true); }, "Stop issuing.")
+      .def("is_set", [](const ProbeCancel& c) { return c.flag.load(); });
   m.def("create_probe_file", &create_probe_file_py, nb::arg("path"), nb::arg("size"),
         "Create or resize a preallocated file of random data for run_probe.");
 

@@ -229,7 +229,8 @@ void ProbeRun::on_completion(const IoCompletion& c, Clock::time_point now) {
       submit(s);
       return;
     }
-    if (now >= deadline_) stopping_ = true;
+    if (now >= deadline_ || (spec_.cancel && spec_.cancel->load(std::memory_order_relaxed)))
+      stopping_ = true;
     if (!stopping_ && started_ < total_) start_block(s);
   } catch (...) {
     fail(std::current_exception());

@@ -7,6 +7,7 @@
 // drive's write speed drops once its SLC cache is full).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,6 +41,9 @@ struct ProbeSpec {
   // drive's write cliff ends soon after it instead of writing on in it.
   double stop_below = 0;
   double stop_after = 0;
+  // Once set (by another thread), stop issuing; the requests in flight complete (the caller
+  // has something more urgent to write: a checkpoint waiting for a measurement).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct TimelinePoint {

@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/aligned.hpp"
@@ -252,6 +255,30 @@ TEST_CASE("probe: stop_below ends a run whose throughput stays below it") {
     s.bytes = 4 * kMiB;
     s.stop_below = 1.0;  // always above: the run reads what it was asked to
     CHECK(run_probe(s).bytes == 4 * kMiB);
+  }
+}
+
+TEST_CASE("probe: cancel set from another thread ends a run") {
+  TempDir dir;
+  const std::string p = dir.file("c");
+  create_probe_file(p, 4 * kMiB);
+  for (const auto& kind : engines()) {
+    ProbeSpec s = spec_for(p, ProbeOp::kRead, 64 * kKiB, 2, kind);
+    s.bytes = uint64_t(1) << 40;  // far more than it reads before the cancel
+    std::atomic<bool> cancel{false};
+    s.cancel = &cancel;
+    std::thread setter([&cancel] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      cancel.store(true);
+    });
+    const ProbeResult r = run_probe(s);
+    setter.join();
+    CHECK(r.bytes < s.bytes);
+    CHECK(r.bytes > 0);
+    CHECK(r.seconds < 5.0);
+    std::atomic<bool> set_before{true};  // set before it starts: the first requests only
+    s.cancel = &set_before;
+    CHECK(run_probe(s).requests <= 2);
   }
 }
 

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
+from .. import engine
 from ..telemetry.cliff import intervals, mean_rate
 from ..telemetry.write_learning import (
     MIN_RATE_SECONDS,
@@ -75,6 +76,14 @@ def _solve_drain(model: WriteModel, known_cache: Optional[tuple], fill_then: Any
     model.save()
 
 
+def _logged(future: Any) -> None:
+    """A measurement that failed other than by I/O (caught where it runs) is a bug: said, not
+    lost in the executor's future nobody reads."""
+    exn = future.exception()
+    if exn is not None:
+        log.error("flashstream: the drive measurement after a save failed", exc_info=exn)
+
+
 class DriveLearner:
     """The learning side of one CheckpointWriter (see the module docstring). ``measurements``:
     one dict per refill measurement run (for reports and benchmarks)."""
@@ -83,11 +92,15 @@ class DriveLearner:
         self.directory = directory
         self._executor = executor
         self._stop = threading.Event()
+        self._cancel = engine.ProbeCancel()
         self.measurements: List[Dict[str, object]] = []
 
     def interrupt(self) -> None:
-        """A save or close() is waiting: end a refill measurement at its next step."""
+        """A save or close() is waiting: end a refill measurement now, its write in progress
+        too (a save that waited for one began in the cliff it had just reached, and stayed
+        there while the drive freed the margin it leaves its cliff at)."""
         self._stop.set()
+        self._cancel.set()
 
     def learn(self, model: WriteModel, controller: SaveController, data: dict, *, total: int,
               start_fill: float, ended: float, written_since: float, began: float,
@@ -166,8 +179,8 @@ class DriveLearner:
             job = (self._write_on, model, fast, timeline, fill_then, write_began, save_s,
                    total, None)
         if job is not None:
-            self._stop = threading.Event()
-            self._executor.submit(*job, self._stop)
+            self._stop, self._cancel = threading.Event(), engine.ProbeCancel()
+            self._executor.submit(*job, self._stop, self._cancel).add_done_callback(_logged)
         return {"plan": "measure" if planner is None else "model",
                 "measured": controller.measuring,
                 # What the writer's thread measures next, in the background (None: nothing).
@@ -188,7 +201,7 @@ class DriveLearner:
 
     def _write_on(self, model: WriteModel, fast: float, timeline: Any, fill_then: Any,
                   write_began: float, save_seconds: float, total: int, known: Any,
-                  stop: threading.Event) -> None:
+                  stop: threading.Event, cancel: Any) -> None:
         """Writes on past a save that met no cliff (see ``learn``): a cliff found gives the
         model its cache size and post-cache rate, then refills give the recovery rate; none
         found within the save's size again says the drive takes that much more."""
@@ -215,16 +228,16 @@ class DriveLearner:
         cliff = learn_written_on(model, timeline, found, offset, total,
                                  start_fill=fill_then, save_seconds=save_seconds, known=known)
         if cliff is not None and not stop.is_set():
-            self._refill(model, cliff, fill_then, found.ended, total, stop)
+            self._refill(model, cliff, fill_then, found.ended, total, stop, cancel)
 
     def _refill(self, model: WriteModel, cliff: Any, fill_then: Any, full_at: float,
-                cap: int, stop: threading.Event) -> None:
+                cap: int, stop: threading.Event, cancel: Any) -> None:
         started = time.monotonic()
         record: Dict[str, object] = {"kind": "refills",
                                      "started_s_after_save": started - full_at}
         try:
             drain = learn_after_save(model, self.directory, cliff=cliff, start_fill=fill_then,
-                                     full_at=full_at, cap=cap, stop=stop,
+                                     full_at=full_at, cap=cap, stop=stop, cancel=cancel,
                                      attempts=record.setdefault("refills", []))
         except OSError as exn:
             log.warning("flashstream: could not measure the drive's recovery: %s", exn)

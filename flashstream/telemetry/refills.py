@@ -33,7 +33,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     full_at: float, idle: float, cap: int,
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
-                    attempts: Optional[List[dict]] = None
+                    attempts: Optional[List[dict]] = None, cancel=None
                     ) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
@@ -42,8 +42,10 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
     back, so it is repeated after twice the gap. Returns the readings for
     :func:`refill_drain` and when (time.monotonic()) the cache was last full, where it was left
     so (the last write's end; ``full_at`` where none followed), else None. ``stop``: end early
-    (between writes) once set. ``attempts``: gets a dict per refill (its gap, bytes, seconds,
-    what it found), for reports."""
+    (between writes) once set; ``cancel`` (an ``engine.ProbeCancel`` set with it) ends a write
+    in progress too, so that a save waiting for it does not start in the cliff the write
+    was about to reach. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
+    found), for reports."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
     full, ended = True, full_at
@@ -59,7 +61,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # for a refill in progress, and a drive left in its cliff then still is when the save
         # starts (one that leaves it only after freeing a margin, for a second or more).
         point, began, written = timed_write(directory, min(cap, refill),
-                                            stop_below=_stop_below(fast, post))
+                                            stop_below=_stop_below(fast, post), cancel=cancel)
         gap, ended = began - ended, written
         # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
         # second half to give the post-cache rate the stall rule measures against. One
@@ -70,11 +72,13 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
         slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
+        cut = stop is not None and stop.is_set() and again is None  # cancelled before it
+        slow = slow and not cut
         full = again is not None or slow
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
                              "found": "cliff" if again else "still in the cliff" if slow
-                             else "no cliff",
+                             else "cut short" if cut else "no cliff",
                              "reading": (gap + again.seconds, again.bytes_before) if again
                              else None})
         if again is not None:

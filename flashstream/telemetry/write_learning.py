@@ -223,14 +223,14 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
 def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, cliff: Cliff,
                      start_fill: Callable[[float], float], full_at: float, cap: int,
                      stop: Optional[threading.Event] = None,
-                     attempts: Optional[List[dict]] = None) -> Optional[float]:
+                     attempts: Optional[List[dict]] = None, cancel=None) -> Optional[float]:
     """After a save that met its cliff and wrote on in it unpaced (so it left the cache full at
     ``full_at``, time.monotonic()): two refills of the cache (:func:`measure_refills`, new
     files of at most ``cap`` bytes in ``directory``, removed after) give the recovery rate;
     with it, the cache size from the save's ``cliff`` and the fill the save began from
     (``start_fill(drain)``: it depends on the drain). Returns the recovery rate (None: not
     measured; the model is unchanged then). ``stop``: give up between steps once set (a new
-    save is waiting)."""
+    save is waiting); ``cancel``, set with it, ends a refill write in progress."""
     if not (model.fast_rate and model.post_cache_rate):
         return None
     post = model.post_cache_rate
@@ -238,7 +238,8 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
                                           full_at=full_at,
                                           idle=min(MAX_IDLE, 0.2 * guess / post),
-                                          cap=cap, stop=stop, attempts=attempts)
+                                          cap=cap, stop=stop, attempts=attempts,
+                                          cancel=cancel)
     drain = refill_drain(refills, model.fast_rate)
     if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "learning save, no refill reading")

@@ -49,7 +49,7 @@ SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
 
 
 def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float = 0.0,
-                stop_below: float = 0.0):
+                stop_below: float = 0.0, cancel=None):
     """A sustained probe write (at most ``seconds`` of writing, 0: no cap; ended early once
     ``STOP_AFTER_S`` seconds ran below ``stop_below`` bytes/s, 0: never): its ProbePoint,
     time.monotonic() when it began, when its last request completed; both a few milliseconds
@@ -63,7 +63,7 @@ def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float 
         began = time.monotonic()
         point = measure(name, op="write", nbytes=nbytes, seconds=seconds,
                         stop_below=stop_below, stop_after=STOP_AFTER_S if stop_below else 0.0,
-                        **SHAPE)
+                        cancel=cancel, **SHAPE)
         # The last request's completion, not the end fsync's: the fold starts there.
         ended = began + point.timeline[-1][0] if point.timeline else time.monotonic()
         return point, began, ended
