@@ -6,8 +6,8 @@ Every save refreshes the drive's write model from its own timeline
 that met its cliff while measuring wrote on in it unpaced, so the drive's cache was full when
 its data ended: the writer's thread then refills the cache twice, after idle gaps, with new
 files it removes (``learn_after_save``), which gives the recovery rate and, with it, the cache
-size. That runs after the save's commit, and a new save interrupts it (its write waits for the
-refill in progress, a second or so, not for the rest).
+size. That runs after the save's commit, and a new save interrupts it: the refill write in
+progress stops issuing at once (``engine.ProbeCancel``), and the rest is dropped.
 """
 
 from __future__ import annotations

@@ -57,9 +57,9 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         elif stop.wait(pause):
             break
         refill = _refill_size(time.monotonic() - ended, fast, post)
-        # Ended soon after its cliff, not written on in it to its size: the next save waits
-        # for a refill in progress, and a drive left in its cliff then still is when the save
-        # starts (one that leaves it only after freeing a margin, for a second or more).
+        # Ended soon after its cliff, not written on in it to its size: a drive left in its
+        # cliff stays there until it has freed a margin, a second or more, and a save that
+        # comes meanwhile (cancelling the write in progress) starts in it.
         point, began, written = timed_write(directory, min(cap, refill),
                                             stop_below=_stop_below(fast, post), cancel=cancel)
         gap, ended = began - ended, written
@@ -72,9 +72,13 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
         slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
-        cut = stop is not None and stop.is_set() and again is None  # cancelled before it
+        # Cancelled before its cliff (a save is waiting): maybe a moment from it, so the cache
+        # counts as full at its end (the save then lets it drain first, checkpoint/pacing.py).
+        # Counted as the drive's writes since the last save instead, spread over the whole
+        # time, its bytes passed for drained, and the save met the cliff.
+        cut = stop is not None and stop.is_set() and again is None
         slow = slow and not cut
-        full = again is not None or slow
+        full = again is not None or slow or cut
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
                              "found": "cliff" if again else "still in the cliff" if slow

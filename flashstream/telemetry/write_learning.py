@@ -243,6 +243,8 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     drain = refill_drain(refills, model.fast_rate)
     if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "learning save, no refill reading")
+        if full_since is not None and model.cache_size:  # a refill cut short: see there
+            model.set_fill(float(model.cache_size), _wall(full_since))
         model.save()
         return None
     model.drain_rate = drain
