@@ -26,7 +26,7 @@ from .device import device_of
 from .probe import default_cache_dir, device_ident
 
 __all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "ESTIMATED", "Evidence", "LOWER_BOUND", "MEASURED",
-           "ESTIMATE_SHARE", "PARAMETERS", "SIZING_DRAIN_SHARE",
+           "ESTIMATE_SHARE", "PARAMETERS", "SIZING_DRAIN_SHARE", "SIZING_FAST_SHARE",
            "RECONFIRM_AFTER", "RETRY_AFTER", "WriteModel", "drained", "load_model",
            "model_path"]
 
@@ -46,6 +46,9 @@ ASSUMED_DRAIN_SHARE = 0.5
 #: before docs/emulation.md's family was widened to recoveries of 1.6 x it, a drive folding
 #: at 1.34 x was sized at 1.37 x its cache.)
 SIZING_DRAIN_SHARE = 1.6
+#: ... and at most this share of the new-file rate: a cliff's bytes less 1.6 x a post-cache
+#: rate read 1.67 x high came out negative, and the model kept no cache at all.
+SIZING_FAST_SHARE = 0.6
 #: The share of an estimated recovery rate that pacing counts on (and the cache estimate
 #: drains at): an estimate carries a bias it cannot see, such as the detection lag of the one
 #: cliff a single refill reading comes from, which puts it high.
@@ -114,13 +117,14 @@ class WriteModel:
     @property
     def sizing_recovery(self) -> Optional[float]:
         """The recovery rate a cache is sized by (bytes written less what drained): measured,
-        else ``SIZING_DRAIN_SHARE`` of the post-cache rate (below the new-file rate)."""
+        else ``SIZING_DRAIN_SHARE`` of the post-cache rate, at most ``SIZING_FAST_SHARE`` of
+        the new-file rate (a post-cache rate read high would otherwise leave no cache)."""
         if self.drain_rate is not None:
             return self.drain_rate
         if self.post_cache_rate is None:
             return None
         high = SIZING_DRAIN_SHARE * self.post_cache_rate
-        return min(high, 0.95 * self.fast_rate) if self.fast_rate else high
+        return min(high, SIZING_FAST_SHARE * self.fast_rate) if self.fast_rate else high
 
     @property
     def planning_recovery(self) -> Optional[float]:
