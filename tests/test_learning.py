@@ -196,6 +196,11 @@ def test_refills_give_the_recovery_rate():
     assert two_readings(readings)
     assert not two_readings(readings[:1])
     assert not two_readings([(1.0, 200 * MB), (4.0, 150 * MB)])
+    # A difference far below the longer single reading: one cliff was misplaced (a stall
+    # read as it). 10 MB/s against 60 MB/s is no measurement; the lower single reading stands.
+    misplaced = [(2.4, 140 * MB), (5.4, 170 * MB)]
+    assert not two_readings(misplaced)
+    assert refill_drain(misplaced, fast=1e9) == pytest.approx(170 * MB / 5.4)
     model = WriteModel(device="t", cache_size=1e9, post_cache_rate=100 * MB,
                        drain_rate=180 * MB)
     model.note("drain_rate", ESTIMATED, "learning save")

@@ -14,7 +14,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 from .cliff import find_cliff
 from .write_on import timed_write
 
-__all__ = ["MAX_IDLE", "measure_refills", "point_timeline", "refill_drain", "two_readings"]
+__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "measure_refills", "point_timeline", "refill_drain",
+           "two_readings"]
 
 
 def point_timeline(point) -> List[Tuple[float, float, float]]:
@@ -108,7 +109,8 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
     usable = _usable(refills)
     if len(usable) >= 2:
         (t1, b1), (t2, b2) = usable[0], usable[-1]
-        # A longer gap that took no more bytes is noise: then the lower single reading.
+        # A longer gap that took no more bytes, or far too few (two_readings), is noise: then
+        # the lower single reading.
         rate = (b2 - b1) / (t2 - t1) if two_readings(refills) else min(b1 / t1, b2 / t2)
     elif usable:
         rate = usable[0][1] / usable[0][0]
@@ -123,7 +125,20 @@ def two_readings(refills: Sequence[Tuple[float, float]]) -> bool:
     cancelled (:func:`refill_drain`): else it is one reading's, with the lag in (an
     estimate)."""
     usable = _usable(refills)
-    return len(usable) >= 2 and usable[-1][0] > usable[0][0] and usable[-1][1] > usable[0][1]
+    if len(usable) < 2:
+        return False
+    (t1, b1), (t2, b2) = usable[0], usable[-1]
+    if not (t2 > t1 and b2 > b1):
+        return False
+    # The lag puts each single reading a little above the drain, the longer one least: a
+    # difference far below it means one refill's cliff was misplaced (a stall read as the
+    # cliff), not a slow drive. (Taken as measured, such a pair gave 0.07 x the drain.)
+    return (b2 - b1) / (t2 - t1) >= CONSISTENT_SHARE * b2 / t2
+
+
+#: The least share of the longer refill's single reading that the difference of two readings
+#: may come to and still be taken as the drain (:func:`two_readings`).
+CONSISTENT_SHARE = 0.5
 
 
 def _usable(refills: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
