@@ -7,19 +7,17 @@ that met its cliff while measuring wrote on in it unpaced, so the drive's cache 
 its data ended: the writer's thread then refills the cache twice, after idle gaps, with new
 files it removes (``learn_after_save``), which gives the recovery rate and, with it, the cache
 size. That runs after the save's commit, and a new save interrupts it: the refill write in
-progress stops issuing at once (``engine.ProbeCancel``), and the rest is dropped.
+progress stops issuing at once (``telemetry.write_on.Interrupt``), and the rest is dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from concurrent.futures import Executor
 from typing import Any, Dict, List, Optional
 
-from .. import engine
 from ..telemetry.cliff import intervals, mean_rate
 from ..telemetry.write_learning import (
     MIN_RATE_SECONDS,
@@ -37,7 +35,7 @@ from ..telemetry.write_model import (
     WriteModel,
     drained,
 )
-from ..telemetry.write_on import write_on_to_cliff
+from ..telemetry.write_on import Interrupt, write_on_to_cliff
 from .save_control import UNPREDICTED_CLIFF, SaveController
 
 __all__ = ["DriveLearner"]
@@ -91,8 +89,7 @@ class DriveLearner:
     def __init__(self, directory: os.PathLike, executor: Executor) -> None:
         self.directory = directory
         self._executor = executor
-        self._stop = threading.Event()
-        self._cancel = engine.ProbeCancel()
+        self._stop = Interrupt()
         self.measurements: List[Dict[str, object]] = []
 
     def interrupt(self) -> None:
@@ -100,7 +97,6 @@ class DriveLearner:
         too (a save that waited for one began in the cliff it had just reached, and stayed
         there while the drive freed the margin it leaves its cliff at)."""
         self._stop.set()
-        self._cancel.set()
 
     def learn(self, model: WriteModel, controller: SaveController, data: dict, *, total: int,
               start_fill: float, ended: float, written_since: float, began: float,
@@ -179,8 +175,8 @@ class DriveLearner:
             job = (self._write_on, model, fast, timeline, fill_then, write_began, save_s,
                    total, None)
         if job is not None:
-            self._stop, self._cancel = threading.Event(), engine.ProbeCancel()
-            self._executor.submit(*job, self._stop, self._cancel).add_done_callback(_logged)
+            self._stop = Interrupt()
+            self._executor.submit(*job, self._stop).add_done_callback(_logged)
         return {"plan": "measure" if planner is None else "model",
                 "measured": controller.measuring,
                 # What the writer's thread measures next, in the background (None: nothing).
@@ -201,7 +197,7 @@ class DriveLearner:
 
     def _write_on(self, model: WriteModel, fast: float, timeline: Any, fill_then: Any,
                   write_began: float, save_seconds: float, total: int, known: Any,
-                  stop: threading.Event, cancel: Any) -> None:
+                  stop: Interrupt) -> None:
         """Writes on past a save that met no cliff (see ``learn``): a cliff found gives the
         model its cache size and post-cache rate, then refills give the recovery rate; none
         found within the save's size again says the drive takes that much more."""
@@ -228,16 +224,16 @@ class DriveLearner:
         cliff = learn_written_on(model, timeline, found, offset, total,
                                  start_fill=fill_then, save_seconds=save_seconds, known=known)
         if cliff is not None and not stop.is_set():
-            self._refill(model, cliff, fill_then, found.ended, total, stop, cancel)
+            self._refill(model, cliff, fill_then, found.ended, total, stop)
 
     def _refill(self, model: WriteModel, cliff: Any, fill_then: Any, full_at: float,
-                cap: int, stop: threading.Event, cancel: Any) -> None:
+                cap: int, stop: Interrupt) -> None:
         started = time.monotonic()
         record: Dict[str, object] = {"kind": "refills",
                                      "started_s_after_save": started - full_at}
         try:
             drain = learn_after_save(model, self.directory, cliff=cliff, start_fill=fill_then,
-                                     full_at=full_at, cap=cap, stop=stop, cancel=cancel,
+                                     full_at=full_at, cap=cap, stop=stop,
                                      attempts=record.setdefault("refills", []))
         except OSError as exn:
             log.warning("flashstream: could not measure the drive's recovery: %s", exn)

@@ -118,11 +118,15 @@ class CachePlanner:
         # full cache (`from_full`): crawls until it drained to `resume`.
         self.recovering = (settings.deadline_policy == "avoid-cliff"
                            and fill > settings.resume * cache_size
-                           and (from_full or fill + lead >= settings.ceiling * cache_size))
+                           and (from_full or fill + lead >= self.ceiling))
 
     @property
     def limit(self) -> float:
         return self.settings.headroom * self.cache_size
+
+    @property
+    def ceiling(self) -> float:
+        return self.settings.ceiling * self.cache_size
 
     @property
     def drain(self) -> float:
@@ -178,16 +182,15 @@ class CachePlanner:
     def _cliff_free(self, needed: float) -> float:
         sustained = self.settings.sustain * self.drain
         remaining = max(0.0, self.total - self.done)
-        ceiling = self.settings.ceiling * self.cache_size
         if not needed:
             # Unpaced only below the headroom by the estimate and below the ceiling by the
             # sustained count: where the tail's pace let the estimate fall back under the
             # headroom, bursting again would spend the drain's margin (at the drain on average).
-            if self.fill + self.lead < self.limit and self.worst + self.lead < ceiling:
+            if self.fill + self.lead < self.limit and self.worst + self.lead < self.ceiling:
                 return 0.0
             return self._fastest_cliff_free(remaining)
         if not math.isfinite(needed):  # past the planned finish: as soon as the cache allows
-            self.conflict = self.worst + self.lead + remaining > ceiling
+            self.conflict = self.worst + self.lead + remaining > self.ceiling
             if self.conflict and self.settings.deadline_policy == "avoid-cliff":
                 return self._fastest_cliff_free(remaining)
             return 0.0
@@ -195,7 +198,7 @@ class CachePlanner:
         # at the sustained drain (as the fastest cliff-free pace counts it).
         left = remaining / needed
         end_fill = self.worst + self.lead + remaining - sustained * left
-        if needed <= sustained or end_fill <= ceiling:
+        if needed <= sustained or end_fill <= self.ceiling:
             self.conflict = False
             return needed
         # No flat pace is cliff-free, and none other is either: every schedule has the same
@@ -213,7 +216,7 @@ class CachePlanner:
         never below d (past the ceiling by that count: sustained). The bytes in flight
         (``lead``) count only where the rest would go unpaced: a paced write keeps few."""
         sustained = self.settings.sustain * self.drain
-        excess = self.worst + remaining - self.settings.ceiling * self.cache_size
+        excess = self.worst + remaining - self.ceiling
         if excess + self.lead <= 0:
             return 0.0  # all of it fits below the ceiling
         return max(sustained, sustained * remaining / max(excess, 1.0))

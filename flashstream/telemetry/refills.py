@@ -34,7 +34,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     full_at: float, idle: float, cap: int,
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
-                    attempts: Optional[List[dict]] = None, cancel=None
+                    attempts: Optional[List[dict]] = None
                     ) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
@@ -43,9 +43,9 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
     back, so it is repeated after twice the gap. Returns the readings for
     :func:`refill_drain` and when (time.monotonic()) the cache was last full, where it was left
     so (the last write's end; ``full_at`` where none followed), else None. ``stop``: end early
-    (between writes) once set; ``cancel`` (an ``engine.ProbeCancel`` set with it) ends a write
-    in progress too, so that a save waiting for it does not start in the cliff the write
-    was about to reach. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
+    (between writes) once set; an ``Interrupt`` (telemetry/write_on.py) ends the write in
+    progress too, so that a save waiting for it does not start in the cliff the write was
+    about to reach. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
     found), for reports."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
@@ -62,7 +62,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # cliff stays there until it has freed a margin, a second or more, and a save that
         # comes meanwhile (cancelling the write in progress) starts in it.
         point, began, written = timed_write(directory, min(cap, refill),
-                                            stop_below=_stop_below(fast, post), cancel=cancel)
+                                            stop_below=_stop_below(fast, post), stop=stop)
         gap, ended = began - ended, written
         # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
         # second half to give the post-cache rate the stall rule measures against. One

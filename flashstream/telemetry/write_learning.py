@@ -41,10 +41,10 @@ from .write_model import (
     ESTIMATED,
     LOWER_BOUND,
     MEASURED,
-    SIZING_DRAIN_SHARE,
     WriteModel,
     drained,
     load_model,
+    sizing_drain,
 )
 from .write_on import timed_write
 
@@ -223,14 +223,14 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
 def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, cliff: Cliff,
                      start_fill: Callable[[float], float], full_at: float, cap: int,
                      stop: Optional[threading.Event] = None,
-                     attempts: Optional[List[dict]] = None, cancel=None) -> Optional[float]:
+                     attempts: Optional[List[dict]] = None) -> Optional[float]:
     """After a save that met its cliff and wrote on in it unpaced (so it left the cache full at
     ``full_at``, time.monotonic()): two refills of the cache (:func:`measure_refills`, new
     files of at most ``cap`` bytes in ``directory``, removed after) give the recovery rate;
     with it, the cache size from the save's ``cliff`` and the fill the save began from
     (``start_fill(drain)``: it depends on the drain). Returns the recovery rate (None: not
     measured; the model is unchanged then). ``stop``: give up between steps once set (a new
-    save is waiting); ``cancel``, set with it, ends a refill write in progress."""
+    save is waiting; an ``Interrupt`` ends the refill write in progress too)."""
     if not (model.fast_rate and model.post_cache_rate):
         return None
     post = model.post_cache_rate
@@ -238,26 +238,24 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
                                           full_at=full_at,
                                           idle=min(MAX_IDLE, 0.2 * guess / post),
-                                          cap=cap, stop=stop, attempts=attempts,
-                                          cancel=cancel)
+                                          cap=cap, stop=stop, attempts=attempts)
     drain = refill_drain(refills, model.fast_rate)
     if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "learning save, no refill reading")
-        if full_since is not None and model.cache_size:  # a refill cut short: see there
-            model.set_fill(float(model.cache_size), _wall(full_since))
-        model.save()
-        return None
-    model.drain_rate = drain
-    # One refill's reading (the next save cut the second off) has its cliff's detection lag
-    # in it: an estimate, which pacing counts on less of (WriteModel.planning_recovery).
-    how = MEASURED if two_readings(refills) else ESTIMATED
-    model.note("drain_rate", how, "learning save")
-    size = start_fill(drain) + cliff.bytes_before - drain * cliff.seconds
-    if size > 0:
-        model.cache_size = size
-        model.note("cache_size", how, "learning save")
-    if full_since is not None:  # full when the last refill ended, not when this returns
-        model.set_fill(float(model.cache_size or 0.0), _wall(full_since))
+    else:
+        model.drain_rate = drain
+        # One refill's reading (the next save cut the second off) has its cliff's detection
+        # lag in it: an estimate, which pacing counts on less of (planning_recovery).
+        how = MEASURED if two_readings(refills) else ESTIMATED
+        model.note("drain_rate", how, "learning save")
+        size = start_fill(drain) + cliff.bytes_before - drain * cliff.seconds
+        if size > 0:
+            model.cache_size = size
+            model.note("cache_size", how, "learning save")
+    # Full when the last refill ended (or was cut short: measure_refills), not when this
+    # returns.
+    if full_since is not None and model.cache_size:
+        model.set_fill(float(model.cache_size), _wall(full_since))
     model.save()
     return drain
 
@@ -347,7 +345,7 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
         model.post_cache_rate = seen.rate
         model.note("post_cache_rate", MEASURED if seen.rate_seconds >= MIN_RATE_SECONDS
                    else LOWER_BOUND, "writing on past a save", seen.rate_seconds)
-    drain = model.sizing_recovery or SIZING_DRAIN_SHARE * (seen.rate or 0.0)
+    drain = model.sizing_recovery or sizing_drain(seen.rate, model.fast_rate) or 0.0
     ended = time.time() - (time.monotonic() - found.ended)
     _learn_cliff(model, rows, cliff, start_fill=start_fill(drain) if start_fill else 0.0,
                  ended=ended, end_fill=None)

@@ -27,6 +27,7 @@ from .probe import default_cache_dir, device_ident
 
 __all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "ESTIMATED", "Evidence", "LOWER_BOUND", "MEASURED",
            "ESTIMATE_SHARE", "PARAMETERS", "SIZING_DRAIN_SHARE", "SIZING_FAST_SHARE",
+           "sizing_drain",
            "RECONFIRM_AFTER", "RETRY_AFTER", "WriteModel", "drained", "load_model",
            "model_path"]
 
@@ -60,6 +61,17 @@ RECONFIRM_AFTER = 24 * 3600.0
 #: Seconds before a figure a measurement failed to measure (a refill cut short by the next
 #: save, say) is tried again: not at every save, each of which would meet the cliff.
 RETRY_AFTER = 600.0
+
+
+def sizing_drain(post_cache_rate: Optional[float], fast_rate: Optional[float]
+                 ) -> Optional[float]:
+    """The recovery rate a cache is sized by where none was measured (the fast end of
+    drives: ``SIZING_DRAIN_SHARE`` of the post-cache rate, at most ``SIZING_FAST_SHARE`` of
+    the new-file rate); None without a post-cache rate."""
+    if not post_cache_rate:
+        return None
+    high = SIZING_DRAIN_SHARE * post_cache_rate
+    return min(high, SIZING_FAST_SHARE * fast_rate) if fast_rate else high
 
 
 def drained(fill: float, rate: float, seconds: float) -> float:
@@ -121,10 +133,7 @@ class WriteModel:
         the new-file rate (a post-cache rate read high would otherwise leave no cache)."""
         if self.drain_rate is not None:
             return self.drain_rate
-        if self.post_cache_rate is None:
-            return None
-        high = SIZING_DRAIN_SHARE * self.post_cache_rate
-        return min(high, SIZING_FAST_SHARE * self.fast_rate) if self.fast_rate else high
+        return sizing_drain(self.post_cache_rate, self.fast_rate)
 
     @property
     def planning_recovery(self) -> Optional[float]:

@@ -21,10 +21,11 @@ import threading
 import time
 from typing import List, Optional, Tuple, Union
 
+from .. import engine
 from .cliff import CLIFF_HOLD_S, Cliff, drive_limited, find_cliff, intervals, mean_rate
 from .probe import measure, preallocated_file
 
-__all__ = ["SHAPE", "STOP_AFTER_S", "WriteOn", "timed_write", "write_on_to_cliff"]
+__all__ = ["SHAPE", "STOP_AFTER_S", "Interrupt", "WriteOn", "timed_write", "write_on_to_cliff"]
 
 #: Seconds of writing at the fast rate per chunk: how late after the cliff it can stop.
 CHUNK_S = 0.25
@@ -48,8 +49,21 @@ STOP_AFTER_S = 2 * (CLIFF_HOLD_S + 0.15)
 SHAPE = {"block_size": "1MiB", "queue_depth": 8, "interval": 0.02}
 
 
+class Interrupt(threading.Event):
+    """The flag that ends a measurement: ``set()`` also ends the probe write in progress
+    (``engine.ProbeCancel``) of a :func:`timed_write` given it, not only the steps after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probe = engine.ProbeCancel()
+
+    def set(self) -> None:
+        self.probe.set()
+        super().set()
+
+
 def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float = 0.0,
-                stop_below: float = 0.0, cancel=None):
+                stop_below: float = 0.0, stop: Optional[threading.Event] = None):
     """A sustained probe write (at most ``seconds`` of writing, 0: no cap; ended early once
     ``STOP_AFTER_S`` seconds ran below ``stop_below`` bytes/s, 0: never): its ProbePoint,
     time.monotonic() when it began, when its last request completed; both a few milliseconds
@@ -58,12 +72,13 @@ def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float 
     idle time. Removing a large file takes longer than removing a small one (online discard):
     counted into the idle gaps, that difference would come off the gap difference the recovery
     rate is computed over, and the rate would come out low (the cache size, which subtracts
-    it, high)."""
+    it, high). ``stop``: an :class:`Interrupt` ends the write once set."""
     with preallocated_file(directory, nbytes) as name:
         began = time.monotonic()
         point = measure(name, op="write", nbytes=nbytes, seconds=seconds,
                         stop_below=stop_below, stop_after=STOP_AFTER_S if stop_below else 0.0,
-                        cancel=cancel, **SHAPE)
+                        cancel=stop.probe if isinstance(stop, Interrupt) else None,
+                        **SHAPE)
         # The last request's completion, not the end fsync's: the fold starts there.
         ended = began + point.timeline[-1][0] if point.timeline else time.monotonic()
         return point, began, ended
