@@ -30,7 +30,8 @@ class Streams(Protocol):
         """The producer's stream on ``device`` (has ``synchronize``)."""
 
     def side(self, device: Any) -> Any:
-        """Our copy stream on ``device`` (has ``wait_stream`` and ``synchronize``); reused."""
+        """Our copy stream on ``device`` (has ``wait_stream``, ``synchronize`` and
+        ``record_event``, whose event has ``synchronize``); reused."""
 
     def use(self, stream: Any) -> ContextManager[Any]:
         """Make ``stream`` current inside the block (temporaries are allocated on it)."""

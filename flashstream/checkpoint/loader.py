@@ -20,7 +20,7 @@ from .format import StoredTensor, check_header_crc, parse_header
 from .inplace import claim_targets, copy_into
 from .reading import bytes_of, read_header, read_tensors
 from .store import CheckpointInfo, inspect_step, newest_complete
-from .structure import unflatten
+from .structure import saved_devices, unflatten
 
 __all__ = ["load_checkpoint", "resolve_checkpoint"]
 
@@ -113,8 +113,12 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
     if not mmap:
         stored = {t.name: t for t in tensors}
         claimed = claim_targets(into, skeleton, stored) if into is not None else {}
+        # Tensors bound for a GPU are read straight into device memory (device_feed.py).
+        saved_on = {} if callable(map_location) else saved_devices(skeleton)
         values = {t.name: claimed[t.name] if t.name in claimed
-                  else torch.empty(t.shape, dtype=t.dtype) for t in tensors}
+                  else torch.empty(t.shape, dtype=t.dtype,
+                                   device=_read_into(t.name, saved_on, map_location))
+                  for t in tensors}
         read_tensors(file, tensors, values, io, verify=verify)
     else:
         claimed = {}
@@ -196,14 +200,29 @@ def _tensor(buffer: _mmap.mmap, t: StoredTensor) -> torch.Tensor:
     return flat.view(t.dtype).view(t.shape)
 
 
+def _target(saved_on: Optional[str], map_location: MapLocation) -> Any:
+    """Where a tensor saved on ``saved_on`` goes (a non-callable ``map_location``)."""
+    if isinstance(map_location, dict):
+        return map_location.get(saved_on or "cpu", saved_on)
+    return map_location if map_location is not None else saved_on
+
+
+def _read_into(name: str, saved_on: Dict[str, Optional[str]], map_location: MapLocation
+               ) -> Optional[torch.device]:
+    """The CUDA device to read tensor ``name`` straight into, else None (read to the CPU;
+    ``_place`` then moves it, or says why it cannot)."""
+    if name not in saved_on or not torch.cuda.is_available():
+        return None
+    target = _target(saved_on[name], map_location)
+    device = torch.device(target) if target is not None else None
+    return device if device is not None and device.type == "cuda" else None
+
+
 def _place(value: torch.Tensor, saved_on: Optional[str], map_location: MapLocation
            ) -> torch.Tensor:
     if callable(map_location):
         return _call_map_location(value, saved_on, map_location)
-    if isinstance(map_location, dict):
-        target = map_location.get(saved_on or "cpu", saved_on)
-    else:
-        target = map_location if map_location is not None else saved_on
+    target = _target(saved_on, map_location)
     if target is None:
         return value
     device = torch.device(target)

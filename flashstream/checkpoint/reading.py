@@ -21,6 +21,7 @@ import torch
 from .. import engine
 from ..errors import ChecksumError
 from ..settings import IOSettings
+from .device_feed import DeviceFeeds
 from .format import PREFIX, StoredTensor, parse_header
 
 __all__ = ["READ_WINDOW", "bytes_of", "read_header", "read_tensors"]
@@ -65,6 +66,8 @@ def read_tensors(file: Path, tensors: Sequence[StoredTensor], dests: Dict[str, t
     settings = IOSettings(engine=io.engine, chunk_size=_CHUNK, queue_depth=_DEPTH,
                           direct=io.direct)
     reader = engine.open_reader([(str(file), start, stop)], settings)
+    # Device targets: each piece's copy queued through pinned buffers, overlapping the reads.
+    feeds = DeviceFeeds(settings.chunk_size) if any(t.is_cuda for t in targets) else None
     first = 0  # the first tensor not complete yet
     try:
         while first < len(order):
@@ -80,7 +83,12 @@ def read_tensors(file: Path, tensors: Sequence[StoredTensor], dests: Dict[str, t
                 t = order[i]
                 lo, hi = max(t.begin, offset), min(t.end, end)
                 if hi > lo:
-                    targets[i][lo - t.begin:hi - t.begin].copy_(source[lo - offset:hi - offset])
+                    dst = targets[i][lo - t.begin:hi - t.begin]
+                    src = source[lo - offset:hi - offset]
+                    if feeds is not None and dst.is_cuda:
+                        feeds.copy(dst, src)
+                    else:
+                        dst.copy_(src)
                     if crcs[i] is not None:
                         crcs[i] = engine.crc32c(data[lo - offset:hi - offset], crcs[i])
                 if t.end <= end:
@@ -91,4 +99,6 @@ def read_tensors(file: Path, tensors: Sequence[StoredTensor], dests: Dict[str, t
                 i += 1
             start = end
     finally:
+        if feeds is not None:
+            feeds.finish()
         reader.close()

@@ -27,12 +27,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["TensorEntry", "describe", "flatten", "unflatten", "SUPPORTED_TYPES"]
+__all__ = ["TensorEntry", "describe", "flatten", "saved_devices", "unflatten", "SUPPORTED_TYPES"]
 
 SUPPORTED_TYPES = ("torch.Tensor", "numpy.ndarray", "dict", "list", "tuple", "set", "frozenset",
                    "str", "int", "float", "complex", "bool", "None", "bytes", "numpy scalars",
@@ -211,6 +211,23 @@ def _decode_key(key: Any) -> Any:
     if isinstance(key, dict):
         return tuple(_decode_key(k) for k in key["U"])
     return key
+
+
+def saved_devices(skeleton: Any) -> Dict[str, Optional[str]]:
+    """{tensor name: the device it was saved from (None: the CPU)} for every tensor reference
+    (``"T"``) in the skeleton; the first reference of a name decides, as in a load."""
+    found: Dict[str, Optional[str]] = {}
+    todo = [skeleton]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if "T" in node:
+                found.setdefault(node["T"], node.get("d"))
+            else:
+                todo.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            todo.extend(reversed(node))
+    return found
 
 
 def unflatten(skeleton: Any, tensor: Callable[[str, Dict[str, Any]], Any]) -> Any:
