@@ -76,7 +76,9 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
     stay); a function ``(storage, location) -> storage or None`` is called as torch.load calls
     it (``storage`` on the CPU, ``location`` the saved device's name; None keeps the default).
     Every tensor has memory of its own: the file streams through a fixed read window
-    (checkpoint/reading.py), so nothing but the tensors stays allocated. Tensors that shared
+    (checkpoint/reading.py), so nothing but the tensors stays allocated. Tensors bound for a
+    CUDA device are read straight into device memory, each chunk's copy through pinned
+    buffers overlapping the next reads (checkpoint/device_feed.py). Tensors that shared
     storage when saved (tied weights, views of a base) share it again.
     ``weights_only``: accepted for torch.load's callers; every load is weights-only (the
     format holds no pickled objects). ``mmap=True`` maps the file (through the page cache,
