@@ -16,14 +16,14 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import torch
 
 from flashstream import CheckpointWriter, load_checkpoint
 from flashstream.pagecache import evict
 
-__all__ = ["copy_rate", "loads", "make_state", "save_stall", "train_loop"]
+__all__ = ["copy_rate", "loads", "make_state", "read_rates", "save_stall", "train_loop"]
 
 _TENSOR_BYTES = 64 << 20  # state in tensors of this size, as a large model's layers are
 
@@ -103,8 +103,10 @@ def _dcp(state: Dict[str, torch.Tensor], directory: Path, device: str) -> Dict[s
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def loads(file: str, pt_file: str, device: str) -> Dict[str, Any]:
-    """Each load from a cold page cache, onto ``device``, synchronized; the results freed."""
+def loads(file: str, pt_file: str, device: str,
+          windows: Sequence[Tuple[int, int]] = ()) -> Dict[str, Any]:
+    """Each load from a cold page cache, onto ``device``, synchronized; the results freed.
+    ``windows``: (chunk, depth) read windows to load with besides the loader's own."""
     import safetensors.torch
 
     ways = {
@@ -112,6 +114,12 @@ def loads(file: str, pt_file: str, device: str) -> Dict[str, Any]:
         "torch_load": lambda: torch.load(pt_file, map_location=device, weights_only=True),
         "safetensors": lambda: safetensors.torch.load_file(file, device=device),
     }
+    if device != "cpu":  # the read alone, so the copy to the device can be told apart
+        ways["flashstream_to_host"] = lambda: load_checkpoint(file, map_location="cpu")
+    for chunk, depth in windows:
+        ways[f"flashstream_window_{chunk >> 20}MiBx{depth}"] = \
+            lambda c=chunk, d=depth: _with_window(c, d, lambda: load_checkpoint(
+                file, map_location=device))
     out: Dict[str, Any] = {"bytes": os.stat(file).st_size}
     for name, fn in ways.items():
         evict([file, pt_file])
@@ -125,6 +133,50 @@ def loads(file: str, pt_file: str, device: str) -> Dict[str, Any]:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return out
+
+
+#: (chunk bytes, requests in flight): the checkpoint loader's read window, then deeper ones.
+READ_WINDOWS = ((4 << 20, 8), (4 << 20, 32), (8 << 20, 16), (16 << 20, 16))
+
+
+def read_rates(file: str, windows: Sequence[Tuple[int, int]] = READ_WINDOWS) -> Dict[str, Any]:
+    """What the drive gives one cold sequential read of ``file``: the engine's aligned O_DIRECT
+    reads at each window, and plain buffered reads (16 MiB), GB/s, nothing copied."""
+    from flashstream import engine
+    from flashstream.settings import IOSettings
+
+    size = os.stat(file).st_size
+    out: Dict[str, Any] = {"bytes": size}
+    for chunk, depth in windows:
+        evict([file])
+        reader = engine.open_reader([(file, 0, size)], IOSettings(chunk_size=chunk,
+                                                                  queue_depth=depth))
+        start, n = time.perf_counter(), 0
+        while (got := reader.next()) is not None:
+            n += len(got[2])
+        seconds = time.perf_counter() - start
+        reader.close()
+        out[f"direct {chunk >> 20} MiB x {depth}"] = {"gbps": n / seconds / 1e9,
+                                                     "engine": reader.engine}
+    evict([file])
+    buf = bytearray(16 << 20)
+    start, n = time.perf_counter(), 0
+    with open(file, "rb", buffering=0) as f:
+        while got := f.readinto(buf):
+            n += got
+    out["buffered 16 MiB"] = {"gbps": n / (time.perf_counter() - start) / 1e9}
+    return out
+
+
+def _with_window(chunk: int, depth: int, fn: Callable[[], Any]) -> Any:
+    from flashstream.checkpoint import reading
+
+    saved = reading._CHUNK, reading._DEPTH
+    reading._CHUNK, reading._DEPTH = chunk, depth
+    try:
+        return fn()
+    finally:
+        reading._CHUNK, reading._DEPTH = saved
 
 
 class DevicePrefetch:

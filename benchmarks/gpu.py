@@ -45,7 +45,8 @@ PARTS = ("tests", "checkpoint", "load", "loop")
 GiB = 1 << 30
 #: The CUDA tests: the tests of these modules whose names say cuda, pinned, pin_memory or
 #: map_location (the last two also run without a GPU, and check more with one).
-CUDA_TESTS = ("tests/test_device_copy.py", "tests/test_checkpoint.py", "tests/test_tensors.py")
+CUDA_TESTS = ("tests/test_device_copy.py", "tests/test_device_loads.py",
+              "tests/test_checkpoint.py", "tests/test_tensors.py")
 CUDA_TEST_FILTER = "cuda or pinned or pin_memory or map_location"
 #: (key, ">=" or "<=", bound, what it compares) - issue 35's targets, ratios within one run.
 TARGETS = [
@@ -74,6 +75,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--sizes", default="2GiB,8GiB,16GiB", help="checkpoint sizes to try")
     p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--windows", default="4MiBx32,8MiBx16,16MiBx16",
+                   help="read windows (chunk x requests in flight) to load and read with "
+                        "besides the loader's own; '' for none")
     p.add_argument("--device", default=None, help="default cuda; cpu = smoke run, not judged")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=4)
@@ -83,10 +87,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.sizes = [parse_size(s, name="--sizes") for s in args.sizes.split(",") if s]
     args.parts = [s for s in args.parts.split(",") if s]
+    try:
+        args.windows = [parse_window(w) for w in args.windows.split(",") if w]
+    except ValueError as err:
+        p.error(str(err))
     unknown = set(args.parts) - set(PARTS)
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}; allowed {list(PARTS)}")
     return args
+
+
+def parse_window(text: str) -> Tuple[int, int]:
+    """"16MiBx16" -> (16 MiB, 16)."""
+    chunk, sep, depth = text.rpartition("x")
+    if not sep or not depth.isdigit() or int(depth) < 1:
+        raise ValueError(f"--windows: {text!r} is not CHUNKxDEPTH, such as 16MiBx16")
+    return parse_size(chunk, name="--windows"), int(depth)
 
 
 def plan_sizes(wanted: Sequence[int], *, card_bytes: int, host_bytes: int, disk_bytes: int,
@@ -233,13 +249,17 @@ def part_checkpoint(args, results: Results, workdir: Path, device: str, deadline
             shutil.rmtree(where, ignore_errors=True)
 
 
-def part_load(results: Results, device: str) -> None:
+def part_load(args, results: Results, device: str) -> None:
     files = results.payload.get("checkpoint", {}).get("load_from")
     if not files:
         results.set("load", {"error": "no checkpoint was written (the checkpoint part did not "
                                       "run)"})
         return
-    results.set("load", measure.loads(files["file"], files["pt_file"], device))
+    load = measure.loads(files["file"], files["pt_file"], device, args.windows)
+    results.set("load", load)
+    # The limit the loads are judged against: the drive's own cold read rates.
+    load["drive"] = measure.read_rates(files["file"], [measure.READ_WINDOWS[0], *args.windows])
+    results.set("load", load)
 
 
 def part_loop(args, results: Results, workdir: Path, device: str) -> None:
@@ -297,7 +317,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 elif part == "checkpoint":
                     part_checkpoint(args, results, workdir, device, deadline)
                 elif part == "load":
-                    part_load(results, device)
+                    part_load(args, results, device)
                 elif part == "loop":
                     part_loop(args, results, workdir, device)
             except Exception as err:  # noqa: BLE001 - the other parts still run

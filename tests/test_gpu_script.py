@@ -26,6 +26,12 @@ def test_arguments():
     assert args.sizes == [GiB, 512 << 20] and args.parts == ["load", "loop"]
     with pytest.raises(SystemExit):
         gpu.parse_args(["--parts", "checkpoint,bogus"])
+    assert gpu.parse_args(["--windows", "16MiBx16,4MiBx32"]).windows == [(16 << 20, 16),
+                                                                       (4 << 20, 32)]
+    assert gpu.parse_args(["--windows", ""]).windows == []
+    for bad in ("16MiB", "16MiBx0", "x8"):
+        with pytest.raises(SystemExit):
+            gpu.parse_args(["--windows", bad])
 
 
 def test_sizes_fit_card_host_disk_and_time():
@@ -114,7 +120,7 @@ def test_cpu_smoke_run_of_every_measuring_part(tmp_path):
     assert gpu.main(["--out", str(out), "--device", "cpu", "--workdir", str(tmp_path / "w"),
                      "--sizes", "4MiB,8MiB", "--parts", "checkpoint,load,loop",
                      "--steps", "3", "--warmup", "1", "--batch-size", "8", "--workers", "1",
-                     "--side", "8"]) == 0
+                     "--side", "8", "--windows", "8MiBx2"]) == 0
     payload = json.loads((out / "gpu.json").read_text())
     assert payload["smoke"] is True
     sizes = payload["checkpoint"]["sizes"]
@@ -122,8 +128,11 @@ def test_cpu_smoke_run_of_every_measuring_part(tmp_path):
     for figures in sizes.values():
         assert figures["flashstream"]["stall_s"] > 0 and figures["torch_save"]["seconds"] > 0
         assert "stall_s" in figures["dcp_async_save"] or "error" in figures["dcp_async_save"]
-    for way in ("flashstream", "torch_load", "safetensors"):
+    for way in ("flashstream", "torch_load", "safetensors", "flashstream_window_8MiBx2"):
         assert payload["load"][way]["seconds"] > 0, payload["load"]
+    drive = payload["load"]["drive"]
+    for read in ("direct 4 MiB x 8", "direct 8 MiB x 2", "buffered 16 MiB"):
+        assert drive[read]["gbps"] > 0, drive
     for loader in ("flashstream", "webdataset"):
         assert payload["loop"][loader]["steps"] == 3
         assert 0 < payload["loop"][loader]["busy_fraction"] <= 1
