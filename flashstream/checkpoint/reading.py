@@ -100,6 +100,8 @@ def read_tensors(file: Path, tensors: Sequence[StoredTensor], dests: Dict[str, t
                 i += 1
             start = end
     finally:
-        if feeds is not None:
-            feeds.finish()
-        reader.close()
+        try:
+            if feeds is not None:
+                feeds.finish()  # no pinned buffer or destination is let go with a copy queued
+        finally:
+            reader.close()
