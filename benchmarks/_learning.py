@@ -68,18 +68,19 @@ def run(args) -> int:
     info = _bench.environment(args.dir)
     write_rate = write_learning.drive_write_rate(args.dir)  # the real drive's (its own cache)
     _bench.print_header(info)
-    print(f"{args.drives} drive(s) from {RANDOM_RANGES}, seeds {args.seed}.."
-          f"{args.seed + args.drives - 1}, caches at most {format_size(args.max_cache)}; "
+    seeds = getattr(args, "seeds", None) or list(range(args.seed, args.seed + args.drives))
+    print(f"{len(seeds)} drive(s) from {RANDOM_RANGES}, seeds "
+          f"{', '.join(map(str, seeds))}, caches at most {format_size(args.max_cache)}; "
           f"{args.saves} saves of {args.size_share} x the cache per scenario")
     drives = []
-    for k in range(args.drives):
-        settings = _draw(write_rate, args.seed + k, args.max_cache)
-        print(f"drive {k} (seed {args.seed + k}): {settings.describe()}", flush=True)
+    for k, seed in enumerate(seeds):
+        settings = _draw(write_rate, seed, args.max_cache)
+        print(f"drive {k} (seed {seed}): {settings.describe()}", flush=True)
         scenarios = {}
         for name in args.scenarios:
             scenarios[name] = run_scenario(root, settings, name, args)
             _print_rows(name, scenarios[name]["saves"])
-        drives.append({"seed": args.seed + k, "settings": settings.to_dict(),
+        drives.append({"seed": seed, "settings": settings.to_dict(),
                        "scenarios": scenarios})
     verdicts = check_targets(drives)
     _bench.print_verdicts(verdicts)

@@ -123,6 +123,9 @@ def parse_args(argv=None):
                                "models 4 x too slow and too fast, each save against the "
                                "shortest cliff-free duration")
     learning.add_argument("--drives", type=int, default=10, help="drives drawn (default 10)")
+    learning.add_argument("--seeds", default=None,
+                          help="the drives' seeds, such as 14,17,20 (instead of --seed and "
+                               "--drives: a rerun of chosen drives)")
     learning.add_argument("--scenarios", default="fresh,slow,fast",
                           help="from fresh, slow, fast")
     learning.add_argument("--size-share", type=float, default=1.75,
@@ -146,6 +149,14 @@ def parse_args(argv=None):
         args.max_cache = parse_size(args.max_cache, name="--max-cache")
         if args.drives < 1 or args.saves < 3 or not 1 <= args.size_share <= 10:
             p.error("--learning needs --drives >= 1, --saves >= 3 and --size-share in [1, 10]")
+        if args.seeds is not None:
+            try:
+                args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+            except ValueError:
+                p.error(f"--seeds: integers separated by commas, got {args.seeds!r}")
+            if not args.seeds:
+                p.error("--seeds: name at least one seed")
+            args.seed, args.drives = args.seeds[0], len(args.seeds)
     args.json = args.json or Path(f"bench-results/{name}.json")
     args.plot = args.plot or args.json.with_suffix(".png")
     if args.emulate:
