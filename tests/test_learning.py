@@ -539,3 +539,25 @@ def test_a_cliff_free_save_raises_the_cache_only_by_the_fastest_drain_allowed(tm
     learn(model, timeline((2.2, 800 * MB, 0)), measured=True, total=1.76e9)
     # 1.76 GB in 2.2 s less 2.2 s at 320 MB/s: 1.06 GB (at the assumed 100 MB/s: 1.54 GB).
     assert model.cache_size == pytest.approx(1.76e9 - 320 * MB * 2.2, rel=0.03)
+
+
+def test_a_cache_is_sized_only_by_a_current_drain():
+    """A stale or assumed drain may be several times off: the cache is sized by the fast end
+    of drives then (1.6 x the post-cache rate), by a current measured or estimated drain
+    otherwise, and by a lower bound where it is above the fast end. Sized by a stored drain
+    4 x too slow, a cache came out 1.9 x the drive's (benchmarks' drive 20)."""
+    model = WriteModel(device="t", fast_rate=800 * MB, cache_size=1e9,
+                       post_cache_rate=200 * MB, drain_rate=50 * MB)
+    assert model.sizing_recovery == 50 * MB  # no evidence recorded: the figure as set
+    model.note("drain_rate", MEASURED, "refills")
+    assert model.sizing_recovery == 50 * MB
+    model.note("drain_rate", ESTIMATED, "refills")
+    assert model.sizing_recovery == 50 * MB
+    model.note("drain_rate", MEASURED, "seeded", when=time.time() - 2 * RECONFIRM_AFTER)
+    assert model.sizing_recovery == pytest.approx(320 * MB)  # stale: the fast end
+    model.note("drain_rate", ASSUMED, "learning save, no refill reading")
+    assert model.sizing_recovery == pytest.approx(320 * MB)
+    model.note("drain_rate", LOWER_BOUND, "writing on past a save")
+    assert model.sizing_recovery == pytest.approx(320 * MB)  # a bound below the fast end
+    model.drain_rate = 400 * MB
+    assert model.sizing_recovery == 400 * MB  # a bound above it

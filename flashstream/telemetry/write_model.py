@@ -128,12 +128,21 @@ class WriteModel:
 
     @property
     def sizing_recovery(self) -> Optional[float]:
-        """The recovery rate a cache is sized by (bytes written less what drained): measured,
-        else ``SIZING_DRAIN_SHARE`` of the post-cache rate, at most ``SIZING_FAST_SHARE`` of
-        the new-file rate (a post-cache rate read high would otherwise leave no cache)."""
-        if self.drain_rate is not None:
+        """The recovery rate a cache is sized by (bytes written less what drained): measured
+        or estimated within ``RECONFIRM_AFTER`` (or set with no evidence recorded), else
+        ``SIZING_DRAIN_SHARE`` of the post-cache rate, at most ``SIZING_FAST_SHARE`` of the
+        new-file rate (a post-cache rate read high would otherwise leave no cache), or a
+        lower bound above that. A stale or assumed figure may be several times off either
+        way; sized by one too slow, a cache came out 1.9 x the drive's, and every later
+        measurement of the drive was sized by it. The fast end errs to the smaller cache."""
+        found = self.evidence.get("drain_rate")
+        if self.drain_rate is not None and (found is None or (
+                found.how in (MEASURED, ESTIMATED) and found.age() <= RECONFIRM_AFTER)):
             return self.drain_rate
-        return sizing_drain(self.post_cache_rate, self.fast_rate)
+        high = sizing_drain(self.post_cache_rate, self.fast_rate)
+        if self.drain_rate is not None and (high is None or found.how == LOWER_BOUND):
+            return max(self.drain_rate, high or 0.0)
+        return high
 
     @property
     def planning_recovery(self) -> Optional[float]:
