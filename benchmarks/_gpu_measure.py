@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tupl
 import torch
 
 from flashstream import CheckpointWriter, load_checkpoint
+from flashstream.checkpoint import reading
 from flashstream.pagecache import evict
 
 __all__ = ["copy_rate", "loads", "make_state", "read_rates", "save_stall", "train_loop"]
@@ -136,7 +137,8 @@ def loads(file: str, pt_file: str, device: str,
 
 
 #: (chunk bytes, requests in flight): the checkpoint loader's read window, then deeper ones.
-READ_WINDOWS = ((4 << 20, 8), (4 << 20, 32), (8 << 20, 16), (16 << 20, 16))
+READ_WINDOWS = ((reading._CHUNK, reading._DEPTH), (4 << 20, 32), (8 << 20, 16),
+                (16 << 20, 16))
 
 
 def read_rates(file: str, windows: Sequence[Tuple[int, int]] = READ_WINDOWS) -> Dict[str, Any]:
@@ -169,8 +171,6 @@ def read_rates(file: str, windows: Sequence[Tuple[int, int]] = READ_WINDOWS) -> 
 
 
 def _with_window(chunk: int, depth: int, fn: Callable[[], Any]) -> Any:
-    from flashstream.checkpoint import reading
-
     saved = reading._CHUNK, reading._DEPTH
     reading._CHUNK, reading._DEPTH = chunk, depth
     try:

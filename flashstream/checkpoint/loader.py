@@ -116,7 +116,8 @@ def load_checkpoint(path: PathLike, *, map_location: MapLocation = None,
         stored = {t.name: t for t in tensors}
         claimed = claim_targets(into, skeleton, stored) if into is not None else {}
         # Tensors bound for a GPU are read straight into device memory (device_feed.py).
-        saved_on = {} if callable(map_location) else saved_devices(skeleton)
+        saved_on = saved_devices(skeleton) if torch.cuda.is_available() and not callable(
+            map_location) else {}
         values = {t.name: claimed[t.name] if t.name in claimed
                   else torch.empty(t.shape, dtype=t.dtype,
                                    device=_read_into(t.name, saved_on, map_location))
@@ -212,8 +213,8 @@ def _target(saved_on: Optional[str], map_location: MapLocation) -> Any:
 def _read_into(name: str, saved_on: Dict[str, Optional[str]], map_location: MapLocation
                ) -> Optional[torch.device]:
     """The CUDA device to read tensor ``name`` straight into, else None (read to the CPU;
-    ``_place`` then moves it, or says why it cannot)."""
-    if name not in saved_on or not torch.cuda.is_available():
+    ``_place`` then moves it, or says why it cannot). ``saved_on``: empty without CUDA."""
+    if name not in saved_on:
         return None
     target = _target(saved_on[name], map_location)
     device = torch.device(target) if target is not None else None

@@ -136,13 +136,15 @@ class WriteModel:
         way; sized by one too slow, a cache came out 1.9 x the drive's, and every later
         measurement of the drive was sized by it. The fast end errs to the smaller cache."""
         found = self.evidence.get("drain_rate")
-        if self.drain_rate is not None and (found is None or (
-                found.how in (MEASURED, ESTIMATED) and found.age() <= RECONFIRM_AFTER)):
+        if self.drain_rate is None:
+            return sizing_drain(self.post_cache_rate, self.fast_rate)
+        if found is None or (found.how in (MEASURED, ESTIMATED)
+                             and "drain_rate" not in self.unconfirmed()):
             return self.drain_rate
         high = sizing_drain(self.post_cache_rate, self.fast_rate)
-        if self.drain_rate is not None and (high is None or found.how == LOWER_BOUND):
-            return max(self.drain_rate, high or 0.0)
-        return high
+        if high is None:
+            return self.drain_rate
+        return max(self.drain_rate, high) if found.how == LOWER_BOUND else high
 
     @property
     def planning_recovery(self) -> Optional[float]:
