@@ -561,3 +561,111 @@ def test_a_cache_is_sized_only_by_a_current_drain():
     assert model.sizing_recovery == pytest.approx(320 * MB)  # a bound below the fast end
     model.drain_rate = 400 * MB
     assert model.sizing_recovery == 400 * MB  # a bound above it
+
+
+class _Clock:
+    """A virtual time.monotonic()/time.sleep() for measure_refills."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+def _refilling_drive(clock, *, cache, fast, post, drain, margin=0.0, step=0.01):
+    """A fake timed_write on ``clock``: a drive whose cache, full at the clock's start, folds at
+    ``drain``; writes fill it at ``fast`` up to its cliff, where they run at ``post`` (and it
+    folds no faster) until folding has freed ``margin`` bytes. A write with ``stop_below`` goes
+    on 0.8 s in the cliff; one with ``seconds`` stops there."""
+    from flashstream.telemetry.probe import ProbePoint
+
+    drive = {"fill": cache, "cliff": True, "at": clock.now}
+
+    def idle_until(now):
+        drive["fill"] = max(0.0, drive["fill"] - drain * (now - drive["at"]))
+        drive["at"] = now
+        if drive["cliff"] and drive["fill"] < cache - margin:
+            drive["cliff"] = False
+
+    def timed_write(directory, nbytes, seconds=0.0, stop_below=0.0, stop=None):
+        began = clock.now
+        idle_until(began)
+        rows, t, written, cliff_at = [], 0.0, 0.0, None
+        while written < nbytes and (not seconds or t < seconds) and (
+                cliff_at is None or not stop_below or t < cliff_at + 0.8):
+            rate = post if drive["cliff"] else fast
+            fold = min(drain, post) if drive["cliff"] else drain
+            drive["fill"] = min(cache, drive["fill"] + (rate - fold) * step)
+            if drive["fill"] >= cache and not drive["cliff"]:
+                drive["cliff"] = True
+            if drive["cliff"] and drive["fill"] < cache - margin:
+                drive["cliff"] = False
+            if drive["cliff"] and cliff_at is None:
+                cliff_at = t
+            t += step
+            written += rate * step
+            rows.append((t, rate / 1e9))
+        clock.now = drive["at"] = began + t
+        point = ProbePoint("write", "seq", 1 << 20, 8, int(written), t, 1, True, {},
+                           tuple(rows))
+        return point, began, clock.now
+
+    return timed_write
+
+
+def test_the_second_refill_waits_only_for_the_difference_it_needs(monkeypatch, tmp_path):
+    # The next save may come during the refills, and one that finds the drive in the cliff
+    # the last refill reached stays there until the drive frees its margin: after a save the
+    # second gap is only as much longer than the first as frees `difference` bytes more.
+    from flashstream.telemetry import refills
+
+    clock = _Clock()
+    monkeypatch.setattr(refills, "time", clock)
+    drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=250 * MB)
+    runs = {}
+    for difference in (None, 400 * MB):
+        clock.now += 100.0
+        monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+        attempts = []
+        readings, full_since = refills.measure_refills(
+            tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=1.0,
+            cap=int(2e9), attempts=attempts, difference=difference)
+        assert len(readings) == 2 and full_since == clock.now  # left full at its end
+        assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
+            drive["drain"], rel=0.03)
+        runs[difference] = [a["gap_s"] for a in attempts]
+    assert runs[None][1] - runs[None][0] == pytest.approx(3.0)  # 3 x the first gap longer
+    # 400 MB more at the first reading's 250 MB/s (the lag in: a little above): 1.6 s longer.
+    assert runs[400 * MB][1] - runs[400 * MB][0] == pytest.approx(1.6, rel=0.05)
+    assert refills.second_gap(3.0, (2.0, 500 * MB), 400 * MB) == pytest.approx(1.6)
+    # Never longer than the probe's own spacing, and that where no reading tells the rate.
+    assert refills.second_gap(3.0, (1.0, 1 * MB), 400 * MB) == 3.0
+    assert refills.second_gap(3.0, (0.0, 0.0), 400 * MB) == 3.0
+
+
+def test_a_refill_waits_until_the_drive_has_left_its_cliff(monkeypatch, tmp_path):
+    # A drive that leaves its cliff only once folding has freed a margin (here 1.2 s of it)
+    # is still in its cliff after the first gap (1 s). Short writes tell, and the refill starts
+    # once it is out: begun in the cliff, its reading took the margin's folding for the
+    # drain's, and its writes at the post-cache rate kept the drive in the cliff.
+    from flashstream.telemetry import refills
+
+    clock = _Clock()
+    monkeypatch.setattr(refills, "time", clock)
+    drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=250 * MB, margin=300 * MB)
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+    attempts = []
+    readings, _full = refills.measure_refills(
+        tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=1.0,
+        cap=int(2e9), attempts=attempts)
+    assert [a["found"] for a in attempts] == ["cliff", "cliff"]
+    assert attempts[0]["probes_bytes"] > 0
+    assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
+        drive["drain"], rel=0.03)
+    for seconds, nbytes in readings:  # each one alone: the drain, but for the 10 ms steps
+        assert nbytes / seconds == pytest.approx(drive["drain"], rel=0.03)
+

@@ -15,7 +15,7 @@ from .cliff import find_cliff
 from .write_on import timed_write
 
 __all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "measure_refills", "point_timeline", "refill_drain",
-           "two_readings"]
+           "second_gap", "two_readings"]
 
 
 def point_timeline(point) -> List[Tuple[float, float, float]]:
@@ -34,13 +34,17 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     full_at: float, idle: float, cap: int,
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
-                    attempts: Optional[List[dict]] = None
+                    attempts: Optional[List[dict]] = None,
+                    difference: Optional[float] = None
                     ) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
-    bytes up to the cliff again. A refill slow from its first byte found the drive still
-    folding (one that leaves its cliff only once it has freed a margin): the same full cache is
-    back, so it is repeated after twice the gap. Returns the readings for
+    bytes up to the cliff again, once short writes have found the drive out of its cliff
+    (:func:`_leave_cliff`). ``difference``: bytes the second reading should take more than the
+    first, and no more (a save may come any time: :func:`second_gap`). A refill slow from its
+    first byte found the drive still folding (one that leaves its cliff only once it has freed
+    a margin): the same full cache is back, so it is repeated after twice the gap. Returns the
+    readings for
     :func:`refill_drain` and when (time.monotonic()) the cache was last full, where it was left
     so (the last write's end; ``full_at`` where none followed), else None. ``stop``: end early
     (between writes) once set; an ``Interrupt`` (telemetry/write_on.py) ends the write in
@@ -57,18 +61,35 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
             time.sleep(pause)
         elif stop.wait(pause):
             break
+        # A drive that leaves its cliff only once it has freed a margin may still be in it:
+        # a refill begun there reads the margin's folding as the drain's, and one written
+        # on at the post-cache rate keeps the drive in its cliff. Short writes tell first.
+        probed, first, last = _leave_cliff(directory, fast, post, stop,
+                                           latest=ended + MAX_IDLE)
+        if stop is not None and stop.is_set():
+            break  # a save is waiting: full at `ended`, drained since, but for the probes
         refill = _refill_size(time.monotonic() - ended, fast, post)
         # Ended soon after its cliff, not written on in it to its size: a drive left in its
         # cliff stays there until it has freed a margin, a second or more, and a save that
         # comes meanwhile (cancelling the write in progress) starts in it.
         point, began, written = timed_write(directory, min(cap, refill),
                                             stop_below=_stop_below(fast, post), stop=stop)
-        gap, ended = began - ended, written
+        # One timeline from the last short write on (its fast start is what the cliff is
+        # found against), counted from the cache's last full moment with every byte written
+        # since: the short writes' in the cliff too.
+        rows, since = point_timeline(point), began - ended
+        if last is not None:
+            lead, last_began = last
+            rows = lead + [(end + began - last_began, nbytes, pace)
+                           for end, nbytes, pace in rows]
+            probed -= sum(r[1] for r in lead)
+            since = last_began - ended
+        gap, ended = (first if first is not None else began) - ended, written
         # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
         # second half to give the post-cache rate the stall rule measures against. One
         # write, not write_on's chunks: at test scale (caches of a hundred MiB) the gaps
         # between chunks moved the cliffs enough to halve the recovery rate.
-        again = find_cliff(point_timeline(point))
+        again = find_cliff(rows)
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
@@ -82,13 +103,15 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         full = again is not None or slow or cut
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
+                             "probes_bytes": probed + sum(r[1] for r in rows) - point.bytes,
                              "found": "cliff" if again else "still in the cliff" if slow
                              else "cut short" if cut else "no cliff",
-                             "reading": (gap + again.seconds, again.bytes_before) if again
-                             else None})
+                             "reading": (since + again.seconds, probed + again.bytes_before)
+                             if again else None})
         if again is not None:
-            refills.append((gap + again.seconds, again.bytes_before))
-            wait += apart  # not 4 x a retried gap: that could drain the whole cache
+            refills.append((since + again.seconds, probed + again.bytes_before))
+            # Not 4 x a retried gap: that could drain the whole cache.
+            wait += second_gap(apart, refills[0], difference)
         elif slow and wait < MAX_IDLE:
             wait = min(MAX_IDLE, max(2 * wait, 0.25))
         else:
@@ -96,6 +119,51 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         if stop is not None and stop.is_set():
             break
     return refills, ended if full else None
+
+
+#: Seconds of writing that tell whether a drive has left its cliff before a refill.
+LEAVE_PROBE_S = 0.1
+
+
+def _leave_cliff(directory: Union[str, os.PathLike], fast: float, post: float,
+                 stop: Optional[threading.Event], latest: float
+                 ) -> Tuple[float, Optional[float], Optional[Tuple[list, float]]]:
+    """Short writes (``LEAVE_PROBE_S``) until one runs faster than the midpoint of the two
+    rates, the drive out of its cliff, with idle waits between that double from the probe's
+    own length (a drive folding at half its post-cache rate frees what a probe in its cliff
+    wrote in twice the probe's time), until ``latest`` (time.monotonic()) or ``stop``. Returns
+    the bytes they all wrote, when (time.monotonic()) the first began, and the last one's
+    timeline (:func:`point_timeline`) and start (None where none ran)."""
+    written, first, last, wait = 0.0, None, None, 2 * LEAVE_PROBE_S
+    while stop is None or not stop.is_set():
+        point, began, _ended = timed_write(directory, int(LEAVE_PROBE_S * fast) + (1 << 20),
+                                           seconds=LEAVE_PROBE_S, stop=stop)
+        first = began if first is None else first
+        written += point.bytes
+        last = (point_timeline(point), began)
+        if point.bytes / max(point.seconds, 1e-9) >= 0.5 * (fast + post) \
+                or time.monotonic() + wait > latest:
+            break
+        if stop is None:
+            time.sleep(wait)
+        elif stop.wait(wait):
+            break
+        wait *= 2
+    return written, first, last
+
+
+def second_gap(longest: float, first: Tuple[float, float], difference: Optional[float]
+               ) -> float:
+    """How much longer the second refill's gap is than the first's: long enough that the drive
+    frees ``difference`` bytes more (by the first reading, ``first``: seconds since full,
+    bytes), which its cliff's placement errs by a small share of, and never longer than
+    ``longest``. The difference of the two readings is the recovery rate; the gap is what a
+    save that comes meanwhile waits on, and a refill that reaches its cliff just before one
+    leaves the drive in its cliff as the save starts. ``difference`` None: ``longest``."""
+    seconds, nbytes = first
+    if difference is None or seconds <= 0 or nbytes <= 0:
+        return longest
+    return min(longest, difference / (nbytes / seconds))
 
 
 def refill_drain(refills: Sequence[Tuple[float, float]],

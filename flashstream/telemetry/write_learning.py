@@ -57,6 +57,14 @@ __all__ = ["MIN_RATE_SECONDS", "drain_from_cliff", "drain_lower_bound", "drive_w
 #: measurement: the block-I/O throttle and the drive's own folding come in slices of up to a
 #: tenth of a second, so a few intervals can hold a stall or a burst.
 MIN_RATE_SECONDS = 0.5
+#: After a save, the share of the cache the second refill's reading should take more than the
+#: first's (telemetry/refills.py ``second_gap``). The next save may come during the refills:
+#: one that finds the drive in the cliff the last refill reached stays there until the drive
+#: has freed its margin. Three times the first gap (as the probe waits) gave differences of
+#: 0.6 x the cache, and the second refill's cliff often came just before the next save;
+#: half the cache keeps the cliff's placement error (the emulator's 50 ms steps at the
+#: new-file rate) to several percent of the difference.
+AFTER_SAVE_DIFFERENCE = 0.45
 
 def drive_write_rate(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> float:
     """The drive's new-file write bytes/s: remembered, else measured (a 1 GiB write, at most
@@ -238,7 +246,8 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
                                           full_at=full_at,
                                           idle=min(MAX_IDLE, 0.2 * guess / post),
-                                          cap=cap, stop=stop, attempts=attempts)
+                                          cap=cap, stop=stop, attempts=attempts,
+                                          difference=AFTER_SAVE_DIFFERENCE * guess)
     drain = refill_drain(refills, model.fast_rate)
     if drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
         model.note("drain_rate", ASSUMED, "learning save, no refill reading")
