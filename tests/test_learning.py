@@ -669,3 +669,29 @@ def test_a_refill_waits_until_the_drive_has_left_its_cliff(monkeypatch, tmp_path
     for seconds, nbytes in readings:  # each one alone: the drain, but for the 10 ms steps
         assert nbytes / seconds == pytest.approx(drive["drain"], rel=0.03)
 
+
+def test_writing_on_reads_the_cliffs_pace_without_a_chunk_that_left_it(monkeypatch, tmp_path):
+    # Writing on past a save goes in chunks, and between them the drive folds as when idle:
+    # one that leaves its cliff once it has freed a margin can leave it for a chunk. That
+    # chunk, at the cache's speed, is not the cliff's pace (1.3-1.7 x the drive's when read in).
+    from flashstream.telemetry import write_on
+    from flashstream.telemetry.probe import ProbePoint
+
+    fast, post, step = 1e9, 200 * MB, 0.01
+    rates = iter([post, post, post, 0.8 * fast, post, post, post, post])
+    clock = {"now": 50.0}
+
+    def timed_write(directory, nbytes, seconds=0.0, stop_below=0.0, stop=None):
+        rate, began = next(rates), clock["now"] + 0.02  # a file removed, the next allocated
+        rows = [(step * (k + 1), rate / 1e9) for k in range(round(write_on.CHUNK_S / step))]
+        clock["now"] = began + rows[-1][0]
+        point = ProbePoint("write", "seq", 1 << 20, 8, int(rate * rows[-1][0]), rows[-1][0], 1,
+                           True, {}, tuple(rows))
+        return point, began, clock["now"]
+
+    monkeypatch.setattr(write_on, "timed_write", timed_write)
+    found = write_on.write_on_to_cliff(tmp_path, fast=fast, cap=10e9)
+    assert found.from_start and found.cliff.seconds == 0.0  # in its cliff from the first byte
+    # The chunks after the hold but the fast one, each over its time and the gap before it.
+    assert found.cliff.rate == pytest.approx(post * 0.25 / 0.27, rel=0.02)
+    assert found.cliff.rate_seconds >= 0.5
