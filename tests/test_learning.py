@@ -103,6 +103,13 @@ def test_a_short_stretch_of_the_drives_own_pace_is_a_lower_bound(tmp_path):
     model.note("post_cache_rate", MEASURED, "test")
     learn(model, timeline((2.0, 800 * MB, 0), (0.9, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
     assert model.post_cache_rate == 300 * MB
+    # ... unless that figure is not current (another drive may be behind the name): then the
+    # drive's pace, however short, stands for it. (Kept, a stored post-cache rate 4 x too high
+    # stood save after save, each measuring it again in the cliff.)
+    model.note("post_cache_rate", MEASURED, "test", when=time.time() - 2 * RECONFIRM_AFTER)
+    learn(model, timeline((2.0, 800 * MB, 0), (0.9, 200 * MB, 0), (3.0, 70 * MB, 70 * MB)))
+    assert model.post_cache_rate == pytest.approx(200 * MB, rel=0.05)
+    assert model.how("post_cache_rate") == LOWER_BOUND
 
 
 def test_a_long_stretch_of_the_drives_own_pace_is_measured(tmp_path):
@@ -347,6 +354,31 @@ def test_writing_on_without_a_cliff_says_the_drive_takes_both(tmp_path):
     assert found.cliff is None
     assert learn_written_on(model, save, found, offset=1.1, total=1e9) is None
     assert model.cliff_free == pytest.approx(2e9, rel=0.06) and not model.has_cliff
+
+
+def test_figures_writing_on_could_not_measure_are_tried_again_only_later(tmp_path):
+    # A stale model with a cliff, and a measuring save plus its writing on that met none long
+    # enough to place: the figures went unmeasured. They count as tried, so the saves that
+    # follow plan (and write no scratch bytes after them) until RETRY_AFTER, where each
+    # measured again and met that short cliff. The drain gets the bound the writes give.
+    from flashstream.telemetry.write_learning import learn_written_on
+
+    model = WriteModel(device="t", path=str(tmp_path / "m.json"), fast_rate=1e9,
+                       cache_size=150 * MB, post_cache_rate=4e9, drain_rate=4e9)
+    for name in PARAMETERS:
+        model.note(name, MEASURED, "seeded", when=time.time() - 2 * RECONFIRM_AFTER)
+    kw = dict(total=int(250 * MB), within=None, settings=PlanSettings(), read_slo=None,
+              disk=None, lead=0.0, min_rate=16 * MB)
+    assert plan_save(model, **kw).probe == list(PARAMETERS)
+    save = timeline((0.25, 1000 * MB, 0))
+    learn(model, save, total=250 * MB, measured=True)
+    found = _written_on(timeline((0.25, 1000 * MB, 0)))
+    assert learn_written_on(model, save, found, offset=0.3, total=250 * MB) is None
+    assert {model.how(name) for name in PARAMETERS} == {ASSUMED}
+    assert model.post_cache_rate == 4e9 and model.cache_size == pytest.approx(150 * MB)
+    assert plan_save(model, **kw).probe == []
+    later = time.time() + RETRY_AFTER + 1
+    assert plan_save(model, now=later, **kw).probe == list(PARAMETERS)
 
 
 @pytest.mark.skipif(__import__("flashstream.emulation", fromlist=["x"]).throttle_support() is None,

@@ -207,9 +207,13 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
         # writes at least that fast in its cliff, so this only ever raises the figure.
         # Not the first half second in the cliff: it still completes requests the drive took
         # before it, and the throttle's first slice (find_cliff's hold leaves it out too).
+        # A figure that is not current (measured days ago, say: another drive may be behind
+        # the name) gives way to it all the same. Kept, a post-cache rate 4 x too high stood
+        # save after save, each of which measured it again and met the cliff.
         seen = cliff.rate if cliff.rate is not None else mean_rate(
             drive_limited([r for r in rows if r[0] >= cliff.seconds + CLIFF_HOLD_S]))
-        if seen and (model.post_cache_rate is None or seen > model.post_cache_rate):
+        if seen and (model.post_cache_rate is None or seen > model.post_cache_rate
+                     or "post_cache_rate" in model.unconfirmed()):
             model.post_cache_rate = seen
             model.note("post_cache_rate", LOWER_BOUND, "save", cliff.rate_seconds)
     if model.post_cache_rate is None:
@@ -336,6 +340,12 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
             if floor > (model.recovery_rate or 0.0):
                 model.drain_rate = floor
                 model.note("drain_rate", LOWER_BOUND, "writing on past a save")
+            # The figures this save measured for went unmeasured: tried, so the next try
+            # comes after RETRY_AFTER, not at the next save. (Tried again at every save, a
+            # drive that took each save and its writing on with no cliff long enough to
+            # place, 136 MiB of cache behind 0.3 s saves, met that short cliff every time.)
+            for name in model.unconfirmed():
+                model.note(name, ASSUMED, "writing on past a save: no cliff to measure")
         model.save()
         return None
     seen = found.cliff
@@ -350,7 +360,7 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
     # raises the figure.
     if known is not None and seen.rate is not None and (
             seen.rate_seconds >= MIN_RATE_SECONDS or model.post_cache_rate is None
-            or seen.rate > model.post_cache_rate):
+            or seen.rate > model.post_cache_rate or "post_cache_rate" in model.unconfirmed()):
         model.post_cache_rate = seen.rate
         model.note("post_cache_rate", MEASURED if seen.rate_seconds >= MIN_RATE_SECONDS
                    else LOWER_BOUND, "writing on past a save", seen.rate_seconds)
