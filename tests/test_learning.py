@@ -607,12 +607,27 @@ class _Clock:
     def sleep(self, seconds: float) -> None:
         self.now += max(0.0, seconds)
 
+    def stop(self):
+        """A stop flag whose waits pass on this clock."""
+        import threading
 
-def _refilling_drive(clock, *, cache, fast, post, drain, margin=0.0, step=0.01):
+        clock = self
+
+        class Stop(threading.Event):
+            def wait(self, timeout=None):
+                if not self.is_set():
+                    clock.sleep(timeout or 0.0)
+                return self.is_set()
+
+        return Stop()
+
+
+def _refilling_drive(clock, *, cache, fast, post, drain, margin=0.0, step=0.01, cut=None):
     """A fake timed_write on ``clock``: a drive whose cache, full at the clock's start, folds at
     ``drain``; writes fill it at ``fast`` up to its cliff, where they run at ``post`` (and it
     folds no faster) until folding has freed ``margin`` bytes. A write with ``stop_below`` goes
-    on 0.8 s in the cliff; one with ``seconds`` stops there."""
+    on 0.8 s in the cliff; one with ``seconds`` stops there. ``cut``: a save arrives this many
+    seconds into the first write with ``stop_below`` (its ``stop`` is set, the write ends)."""
     from flashstream.telemetry.probe import ProbePoint
 
     drive = {"fill": cache, "cliff": True, "at": clock.now}
@@ -629,6 +644,9 @@ def _refilling_drive(clock, *, cache, fast, post, drain, margin=0.0, step=0.01):
         rows, t, written, cliff_at = [], 0.0, 0.0, None
         while written < nbytes and (not seconds or t < seconds) and (
                 cliff_at is None or not stop_below or t < cliff_at + 0.8):
+            if cut is not None and stop_below and t >= cut:
+                stop.set()
+                break
             rate = post if drive["cliff"] else fast
             fold = min(drain, post) if drive["cliff"] else drain
             drive["fill"] = min(cache, drive["fill"] + (rate - fold) * step)
@@ -727,3 +745,36 @@ def test_writing_on_reads_the_cliffs_pace_without_a_chunk_that_left_it(monkeypat
     # The chunks after the hold but the fast one, each over its time and the gap before it.
     assert found.cliff.rate == pytest.approx(post * 0.25 / 0.27, rel=0.02)
     assert found.cliff.rate_seconds >= 0.5
+
+
+def test_a_refill_cut_short_before_its_cliff_bounds_the_drain_from_below(monkeypatch, tmp_path):
+    # The next save came 0.9 s into the first refill, before its cliff: no reading, but every
+    # byte it wrote until half a second before the cut (a cliff nearer the end cannot be seen)
+    # went into room the drive had freed since the cache was full.
+    from flashstream.telemetry import refills
+    from flashstream.telemetry.cliff import Cliff
+    from flashstream.telemetry.write_learning import learn_after_save
+
+    clock = _Clock()
+    monkeypatch.setattr(refills, "time", clock)
+    drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=400 * MB)
+    attempts = []
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, cut=0.9, **drive))
+    readings, _full = refills.measure_refills(
+        tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=1.0,
+        cap=int(2e9), attempts=attempts, stop=clock.stop())
+    assert readings == [] and [a["found"] for a in attempts] == ["cut short"]
+    # 0.1 s probing, then 0.4 s of the refill before the hold: 0.5 GB over 1.5 s since full.
+    assert attempts[0]["drain_at_least"] == pytest.approx(500 * MB / 1.5, rel=0.03)
+    assert attempts[0]["drain_at_least"] < drive["drain"]
+    # The model takes it where it knows no better than the slow end it assumes.
+    clock.now += 100.0
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, cut=0.9, **drive))
+    model = WriteModel(device="t", path=str(tmp_path / "m.json"), fast_rate=1e9,
+                       cache_size=1e9, post_cache_rate=200 * MB)
+    assert model.recovery_rate == ASSUMED_DRAIN_SHARE * 200 * MB
+    learn_after_save(model, tmp_path, cliff=Cliff(1.0, 1e9, 200 * MB, 1e9, 1.0),
+                     start_fill=lambda _d: 0.0, full_at=clock.now, cap=int(2e9),
+                     stop=clock.stop())
+    assert model.how("drain_rate") == LOWER_BOUND
+    assert model.drain_rate == pytest.approx(500 * MB / 1.5, rel=0.03)

@@ -11,11 +11,11 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-from .cliff import find_cliff
+from .cliff import CLIFF_HOLD_S, find_cliff
 from .write_on import timed_write
 
-__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "measure_refills", "point_timeline", "refill_drain",
-           "second_gap", "two_readings"]
+__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "point_timeline",
+           "refill_drain", "second_gap", "two_readings"]
 
 
 def point_timeline(point) -> List[Tuple[float, float, float]]:
@@ -103,6 +103,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         full = again is not None or slow or cut
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
+                             "drain_at_least": cut_bound(rows, since, probed) if cut else None,
                              "probes_bytes": probed + sum(r[1] for r in rows) - point.bytes,
                              "found": "cliff" if again else "still in the cliff" if slow
                              else "cut short" if cut else "no cliff",
@@ -119,6 +120,20 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         if stop is not None and stop.is_set():
             break
     return refills, ended if full else None
+
+
+def cut_bound(rows: Sequence[Tuple[float, float, float]], since: float, before: float
+              ) -> Optional[float]:
+    """The least recovery rate a refill cut short before its cliff showed: every byte it
+    wrote up to ``CLIFF_HOLD_S`` before its end (a cliff nearer the end than that cannot be
+    seen) went into room the drive had freed since the cache was full, ``since`` seconds
+    before the refill's timeline ``rows`` began, ``before`` bytes written meanwhile. None
+    where it ran too short to say."""
+    end = rows[-1][0] if rows else 0.0
+    upto = end - CLIFF_HOLD_S
+    if upto <= 0 or since + upto <= 0:
+        return None
+    return (before + sum(nbytes for t, nbytes, _p in rows if t <= upto)) / (since + upto)
 
 
 #: Seconds of writing that tell whether a drive has left its cliff before a refill.
