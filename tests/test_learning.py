@@ -776,5 +776,5 @@ def test_a_refill_cut_short_before_its_cliff_bounds_the_drain_from_below(monkeyp
     learn_after_save(model, tmp_path, cliff=Cliff(1.0, 1e9, 200 * MB, 1e9, 1.0),
                      start_fill=lambda _d: 0.0, full_at=clock.now, cap=int(2e9),
                      stop=clock.stop())
-    assert model.how("drain_rate") == LOWER_BOUND
-    assert model.drain_rate == pytest.approx(500 * MB / 1.5, rel=0.03)
+    assert model.how("drain_rate") == LOWER_BOUND  # with an estimate's margin: see there
+    assert model.drain_rate == pytest.approx(ESTIMATE_SHARE * 500 * MB / 1.5, rel=0.03)
