@@ -93,7 +93,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
-        slow = point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
+        slow = _in_cliff(point, fast, post)
         # Cancelled before its cliff (a save is waiting): maybe a moment from it, so the cache
         # counts as full at its end (the save then lets it drain first, checkpoint/pacing.py).
         # Counted as the drive's writes since the last save instead, spread over the whole
@@ -136,6 +136,12 @@ def cut_bound(rows: Sequence[Tuple[float, float, float]], since: float, before: 
     return (before + sum(nbytes for t, nbytes, _p in rows if t <= upto)) / (since + upto)
 
 
+def _in_cliff(point, fast: float, post: float) -> bool:
+    """Whether a write ran below the midpoint of the new-file and post-cache rates: the
+    drive was in its cliff for most of it."""
+    return point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
+
+
 #: Seconds of writing that tell whether a drive has left its cliff before a refill.
 LEAVE_PROBE_S = 0.1
 
@@ -156,8 +162,7 @@ def _leave_cliff(directory: Union[str, os.PathLike], fast: float, post: float,
         first = began if first is None else first
         written += point.bytes
         last = (point_timeline(point), began)
-        if point.bytes / max(point.seconds, 1e-9) >= 0.5 * (fast + post) \
-                or time.monotonic() + wait > latest:
+        if not _in_cliff(point, fast, post) or time.monotonic() + wait > latest:
             break
         if stop is None:
             time.sleep(wait)

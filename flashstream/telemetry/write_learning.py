@@ -208,13 +208,10 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
         # writes at least that fast in its cliff, so this only ever raises the figure.
         # Not the first half second in the cliff: it still completes requests the drive took
         # before it, and the throttle's first slice (find_cliff's hold leaves it out too).
-        # A figure that is not current (measured days ago, say: another drive may be behind
-        # the name) gives way to it all the same. Kept, a post-cache rate 4 x too high stood
-        # save after save, each of which measured it again and met the cliff.
+        # A figure that is not current gives way to it all the same (_bound_counts).
         seen = cliff.rate if cliff.rate is not None else mean_rate(
             drive_limited([r for r in rows if r[0] >= cliff.seconds + CLIFF_HOLD_S]))
-        if seen and (model.post_cache_rate is None or seen > model.post_cache_rate
-                     or "post_cache_rate" in model.unconfirmed()):
+        if seen and _bound_counts(model, seen):
             model.post_cache_rate = seen
             model.note("post_cache_rate", LOWER_BOUND, "save", cliff.rate_seconds)
     if model.post_cache_rate is None:
@@ -231,6 +228,15 @@ def _learn_cliff(model: WriteModel, rows, cliff: Cliff, *, start_fill: float, en
     model.cliff_free = 0.0
     fill = float(model.cache_size or 0.0)
     model.set_fill(fill if end_fill is None else min(fill, end_fill), ended)
+
+
+def _bound_counts(model: WriteModel, seen: float) -> bool:
+    """Whether a post-cache rate read off too short a stretch (a lower bound) replaces the
+    model's: where it has none, where it is higher, or where the model's is not current
+    (measured days ago, say: another drive may be behind the name). Kept, a stale rate 4 x
+    too high stood save after save, each of which measured it again and met the cliff."""
+    return (model.post_cache_rate is None or seen > model.post_cache_rate
+            or "post_cache_rate" in model.unconfirmed())
 
 
 def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, cliff: Cliff,
@@ -371,8 +377,7 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
     # whatever the model said (the cliff may just have contradicted it); a short one only
     # raises the figure.
     if known is not None and seen.rate is not None and (
-            seen.rate_seconds >= MIN_RATE_SECONDS or model.post_cache_rate is None
-            or seen.rate > model.post_cache_rate or "post_cache_rate" in model.unconfirmed()):
+            seen.rate_seconds >= MIN_RATE_SECONDS or _bound_counts(model, seen.rate)):
         model.post_cache_rate = seen.rate
         model.note("post_cache_rate", MEASURED if seen.rate_seconds >= MIN_RATE_SECONDS
                    else LOWER_BOUND, "writing on past a save", seen.rate_seconds)
