@@ -778,3 +778,29 @@ def test_a_refill_cut_short_before_its_cliff_bounds_the_drain_from_below(monkeyp
                      stop=clock.stop())
     assert model.how("drain_rate") == LOWER_BOUND  # with an estimate's margin: see there
     assert model.drain_rate == pytest.approx(ESTIMATE_SHARE * 500 * MB / 1.5, rel=0.03)
+
+
+def test_a_refill_takes_a_stall_it_came_back_from_for_a_stall():
+    # The disk stalls 0.4 s into a refill (0.35 s, next to nothing completes), comes back at
+    # the drive's new-file rate, and meets the cliff at 1.0 s. Read as the cliff, the stall
+    # put the reading at 0.4-0.8 x the drain, and the pair of readings then contradicted
+    # each other. In the cliff the drive writes on at its post-cache rate: no comeback there.
+    from flashstream.telemetry.cliff import find_cliff
+    from flashstream.telemetry.refills import refill_cliff
+
+    fast, post = 800 * MB, 200 * MB
+    rows = timeline((0.4, fast, 0), (0.35, 20 * MB, 0), (0.25, fast, 0), (0.8, post, 0))
+    assert find_cliff(rows).seconds == pytest.approx(0.4, abs=0.06)  # the stall
+    cliff = refill_cliff(rows, fast)
+    assert cliff.seconds == pytest.approx(1.0, abs=0.06)
+    assert cliff.bytes_before == pytest.approx(fast * 0.65 + 20 * MB * 0.35, rel=0.05)
+    # No stall: the cliff as find_cliff places it; a drive tapering at its drain after its
+    # cache filled (here just below half its new-file rate) is in its cliff, not back from
+    # a stall.
+    for after in (post, 0.45 * fast):
+        rows = timeline((1.0, fast, 0), (0.8, after, 0))
+        assert refill_cliff(rows, fast) == find_cliff(rows)
+        assert refill_cliff(rows, fast).seconds == pytest.approx(1.0, abs=0.06)
+    # A stall and no cliff after it: none (the write ran out before the cache filled).
+    rows = timeline((0.4, fast, 0), (0.6, 20 * MB, 0), (0.3, fast, 0))
+    assert find_cliff(rows) is not None and refill_cliff(rows, fast) is None

@@ -48,7 +48,8 @@ RECOVERED = 0.8
 
 
 def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = CLIFF_HOLD_S,
-               warmup: float = 0.15, unpaced: bool = False) -> Optional[Cliff]:
+               warmup: float = 0.15, unpaced: bool = False, after: float = 0.0
+               ) -> Optional[Cliff]:
     """The write cliff in a write's timeline: the first moment from which throughput stays
     (on average) below ``ratio`` x what was expected (the best ``warmup``-long stretch so far,
     or the pacing rate if lower) for ``hold`` seconds, and stays low on average after.
@@ -58,7 +59,10 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = CLIFF_HO
     while the disk stalls. A drop the write comes back from (to ``RECOVERED`` x its peak) is
     judged by :func:`_stall_end`; a stall before the cache was full is not the cliff (one read
     as the cliff put a 1.7 GiB cache at 447 MiB), and the search goes on after it. A paced
-    save may leave its cliff once the pacer lets the cache drain: not for those."""
+    save may leave its cliff once the pacer lets the cache drain: not for those.
+
+    ``after``: seconds into the write before which no drop is the cliff (the caller judged
+    one there a stall); the stretch before the cliff is read from there on."""
     rows = intervals(timeline)
     if not rows:
         return None
@@ -66,7 +70,8 @@ def find_cliff(timeline: Timeline, *, ratio: float = 0.5, hold: float = CLIFF_HO
     smooth = max(1, round(warmup / width))
     run = max(2, round(hold / width))
     peak, done = 0.0, 0.0
-    floor = 0  # the stretch before the cliff starts here: after the last stall
+    # The stretch before the cliff starts here: after the last stall.
+    floor = next((k for k, r in enumerate(rows) if r[0] >= after), len(rows)) if after else 0
     for i, (start, _end, bps, pace) in enumerate(rows):
         expected = min(peak, pace) if pace > 0 else peak
         window = rows[i:i + run]

@@ -11,11 +11,11 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-from .cliff import CLIFF_HOLD_S, find_cliff
+from .cliff import CLIFF_HOLD_S, find_cliff, intervals, mean_rate
 from .write_on import timed_write
 
 __all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "point_timeline",
-           "refill_drain", "second_gap", "two_readings"]
+           "refill_cliff", "refill_drain", "second_gap", "two_readings"]
 
 
 def point_timeline(point) -> List[Tuple[float, float, float]]:
@@ -89,7 +89,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # second half to give the post-cache rate the stall rule measures against. One
         # write, not write_on's chunks: at test scale (caches of a hundred MiB) the gaps
         # between chunks moved the cliffs enough to halve the recovery rate.
-        again = find_cliff(rows)
+        again = refill_cliff(rows, fast)
         # Slow from its first byte (below the midpoint of the two rates): the drive was still
         # folding, as one that leaves its cliff only once it has freed a margin is after a
         # short gap. The same full cache is back: a longer gap, not a reading.
@@ -120,6 +120,42 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         if stop is not None and stop.is_set():
             break
     return refills, ended if full else None
+
+
+#: A drop a refill came back from, to this share of the new-file rate on average over
+#: ``COMEBACK_S``, was a stall of the disk, not its cliff: in its cliff a drive written on
+#: stays there, at its post-cache rate (at most 45% of the new-file rate in the family of
+#: docs/emulation.md) or, tapering, at its drain (at most 72%).
+COMEBACK_SHARE = 0.85
+COMEBACK_S = 0.2
+
+
+def refill_cliff(rows: Sequence[Tuple[float, float, float]], fast: float):
+    """The cliff in a refill's timeline ``rows`` (find_cliff's), past any drop the write came
+    back from to the drive's new-file rate ``fast`` (``COMEBACK_SHARE`` of it over
+    ``COMEBACK_S``): a stall of the disk. Read as the cliff, such a drop put a refill's
+    reading at 0.4-0.8 x the drain, and a pair of readings that contradict each other left
+    the lower one, which sized the cache 1.3 x too large and paced later saves at 0.4 x."""
+    cliff = find_cliff(rows)
+    for _ in range(8):  # stalls in one refill: a few at most
+        back = _comeback(rows, cliff.seconds, fast) if cliff is not None else None
+        if back is None:
+            return cliff
+        cliff = find_cliff(rows, after=back)
+    return None
+
+
+def _comeback(rows: Sequence[Tuple[float, float, float]], drop: float, fast: float
+              ) -> Optional[float]:
+    """Where (seconds into the write) a write that dropped at ``drop`` came back to
+    ``COMEBACK_SHARE`` x ``fast`` on average over ``COMEBACK_S``; None if it did not."""
+    table = [r for r in intervals(rows) if r[0] >= drop + 0.05]  # past the drop's own edge
+    for k, first in enumerate(table):
+        window = [r for r in table[k:] if r[1] <= first[0] + COMEBACK_S + 1e-9]
+        if window and window[-1][1] - first[0] >= COMEBACK_S - 1e-9 and \
+                mean_rate(window) >= COMEBACK_SHARE * fast:
+            return first[0]
+    return None
 
 
 def cut_bound(rows: Sequence[Tuple[float, float, float]], since: float, before: float
