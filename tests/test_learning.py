@@ -208,6 +208,11 @@ def test_refills_give_the_recovery_rate():
     misplaced = [(2.4, 140 * MB), (5.4, 170 * MB)]
     assert not two_readings(misplaced)
     assert refill_drain(misplaced, fast=1e9) == pytest.approx(170 * MB / 5.4)
+    # A difference above the longer single reading: the shorter one's cliff came early (its
+    # lag below none). The longer reading stands, an estimate with its lag in.
+    early = [(1.26, 234 * MB), (5.25, 1249 * MB)]  # 254 MB/s apart, 238 MB/s the longer
+    assert not two_readings(early)
+    assert refill_drain(early, fast=1e9) == pytest.approx(1249 * MB / 5.25)
     model = WriteModel(device="t", cache_size=1e9, post_cache_rate=100 * MB,
                        drain_rate=180 * MB)
     model.note("drain_rate", ESTIMATED, "learning save")

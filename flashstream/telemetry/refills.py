@@ -233,9 +233,17 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
     usable = _usable(refills)
     if len(usable) >= 2:
         (t1, b1), (t2, b2) = usable[0], usable[-1]
-        # A longer gap that took no more bytes, or far too few (two_readings), is noise: then
-        # the lower single reading.
-        rate = (b2 - b1) / (t2 - t1) if two_readings(refills) else min(b1 / t1, b2 / t2)
+        if two_readings(refills):
+            rate = (b2 - b1) / (t2 - t1)
+        elif t2 > t1 and b2 > b1 and (b2 - b1) / (t2 - t1) > EARLY_SHARE * b2 / t2:
+            # A difference above the longer single reading: the shorter one's cliff came
+            # early (its lag below the longer one's, so below none). The longer one, with its
+            # lag in, stands.
+            rate = b2 / t2
+        else:
+            # A longer gap that took no more bytes, or far too few (two_readings): one cliff
+            # was misplaced, which one is not known; the lower single reading.
+            rate = min(b1 / t1, b2 / t2)
     elif usable:
         rate = usable[0][1] / usable[0][0]
     else:
@@ -256,13 +264,21 @@ def two_readings(refills: Sequence[Tuple[float, float]]) -> bool:
         return False
     # The lag puts each single reading a little above the drain, the longer one least: a
     # difference far below it means one refill's cliff was misplaced (a stall read as the
-    # cliff), not a slow drive. (Taken as measured, such a pair gave 0.07 x the drain.)
-    return (b2 - b1) / (t2 - t1) >= CONSISTENT_SHARE * b2 / t2
+    # cliff), not a slow drive. (Taken as measured, such a pair gave 0.07 x the drain.) One
+    # above it means the shorter one's cliff came early: its lag was below the longer one's.
+    # (Taken as measured, such a pair gave 1.11 x the drain, and the next save met a cliff
+    # of 9 s.)
+    difference, longer = (b2 - b1) / (t2 - t1), b2 / t2
+    return CONSISTENT_SHARE * longer <= difference <= EARLY_SHARE * longer
 
 
 #: The least share of the longer refill's single reading that the difference of two readings
 #: may come to and still be taken as the drain (:func:`two_readings`).
 CONSISTENT_SHARE = 0.5
+#: ... and the most: above the longer reading, by more than the noise of the two cliffs'
+#: placements (their lags differ by about 10 MB here, which is 1-2% of a difference over a
+#: few seconds), the shorter one's cliff came early.
+EARLY_SHARE = 1.03
 
 
 def _usable(refills: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
