@@ -809,3 +809,25 @@ def test_a_refill_takes_a_stall_it_came_back_from_for_a_stall():
     # A stall and no cliff after it: none (the write ran out before the cache filled).
     rows = timeline((0.4, fast, 0), (0.6, 20 * MB, 0), (0.3, fast, 0))
     assert find_cliff(rows) is not None and refill_cliff(rows, fast) is None
+
+
+def test_a_refill_that_runs_out_of_bytes_before_its_cliff_writes_on(monkeypatch, tmp_path):
+    # A post-cache rate read low (100 MB/s for the drive's 200) sizes the refills for a drive
+    # folding at most 160 MB/s; this one folds 400 MB/s, and the first write ends before its
+    # cliff. Ended there, no reading came, and the drain stood assumed at the slow end (saves
+    # took 10-25 x the shortest): the refill writes on until its cliff.
+    from flashstream.telemetry import refills
+
+    clock = _Clock()
+    monkeypatch.setattr(refills, "time", clock)
+    drive = dict(cache=3e9, fast=1e9, post=200 * MB, drain=400 * MB)
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+    attempts = []
+    readings, full_since = refills.measure_refills(
+        tmp_path, fast=drive["fast"], post=100 * MB, full_at=clock.now, idle=1.0,
+        cap=int(4e9), attempts=attempts)
+    assert [a["found"] for a in attempts] == ["cliff", "cliff"]
+    assert attempts[0]["bytes"] > refills._refill_size(1.0, drive["fast"], 100 * MB)
+    assert full_since == clock.now
+    assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
+        drive["drain"], rel=0.03)

@@ -72,12 +72,12 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # Ended soon after its cliff, not written on in it to its size: a drive left in its
         # cliff stays there until it has freed a margin, a second or more, and a save that
         # comes meanwhile (cancelling the write in progress) starts in it.
-        point, began, written = timed_write(directory, min(cap, refill),
-                                            stop_below=_stop_below(fast, post), stop=stop)
+        point, rows, began, written, nbytes = _write_to_cliff(
+            directory, min(cap, refill), cap, fast, post, stop)
         # One timeline from the last short write on (its fast start is what the cliff is
         # found against), counted from the cache's last full moment with every byte written
         # since: the short writes' in the cliff too.
-        rows, since = point_timeline(point), began - ended
+        since = began - ended
         if last is not None:
             lead, last_began = last
             rows = lead + [(end + began - last_began, nbytes, pace)
@@ -102,9 +102,9 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         slow = slow and not cut
         full = again is not None or slow or cut
         if attempts is not None:
-            attempts.append({"gap_s": gap, "bytes": point.bytes, "seconds": point.seconds,
+            attempts.append({"gap_s": gap, "bytes": nbytes, "seconds": written - began,
                              "drain_at_least": cut_bound(rows, since, probed) if cut else None,
-                             "probes_bytes": probed + sum(r[1] for r in rows) - point.bytes,
+                             "probes_bytes": probed + sum(r[1] for r in rows) - nbytes,
                              "found": "cliff" if again else "still in the cliff" if slow
                              else "cut short" if cut else "no cliff",
                              "reading": (since + again.seconds, probed + again.bytes_before)
@@ -120,6 +120,35 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         if stop is not None and stop.is_set():
             break
     return refills, ended if full else None
+
+
+#: Writes that carry a refill on where it ran out of bytes before its cliff.
+MORE_WRITES = 2
+
+
+def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: int, fast: float,
+                    post: float, stop: Optional[threading.Event]):
+    """A refill's write of ``size`` bytes, ended soon after its cliff; where it wrote them all
+    and met none (sized by a post-cache rate read low, say: the drive folds faster than
+    the size allowed for), written on at once, twice as much each time, at most
+    ``MORE_WRITES`` times and ``cap`` bytes in all. (Ended there, it gave no reading, and
+    the drain stood assumed at the slow end: saves took 10-25 x the shortest.) Returns the
+    first write's ProbePoint, the joined timeline (:func:`point_timeline`, on the first
+    write's clock), when (time.monotonic()) the first began and the last request completed,
+    and the bytes written."""
+    point, began, ended = timed_write(directory, size, stop_below=_stop_below(fast, post),
+                                      stop=stop)
+    rows, nbytes, asked, more = point_timeline(point), point.bytes, size, point
+    for _ in range(MORE_WRITES):
+        ran_out = more.bytes >= asked and (stop is None or not stop.is_set())
+        if not ran_out or nbytes >= cap or refill_cliff(rows, fast) is not None:
+            break
+        asked = int(min(2 * asked, cap - nbytes))
+        more, start, ended = timed_write(directory, asked, stop_below=_stop_below(fast, post),
+                                         stop=stop)
+        rows += [(end + start - began, b, pace) for end, b, pace in point_timeline(more)]
+        nbytes += more.bytes
+    return point, rows, began, ended, nbytes
 
 
 #: A drop a refill came back from, to this share of the new-file rate on average over
