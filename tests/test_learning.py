@@ -825,9 +825,19 @@ def test_a_refill_that_runs_out_of_bytes_before_its_cliff_writes_on(monkeypatch,
     attempts = []
     readings, full_since = refills.measure_refills(
         tmp_path, fast=drive["fast"], post=100 * MB, full_at=clock.now, idle=1.0,
-        cap=int(4e9), attempts=attempts)
+        cap=int(4e9), attempts=attempts, cache=drive["cache"])
     assert [a["found"] for a in attempts] == ["cliff", "cliff"]
     assert attempts[0]["bytes"] > refills._refill_size(1.0, drive["fast"], 100 * MB)
     assert full_since == clock.now
     assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
         drive["drain"], rel=0.03)
+    # Where it wrote as much as the cache holds, the cache had drained completely, which
+    # no cliff reading measures: it does not write on (nor without a size to judge by).
+    for cache in (None, 600 * MB):
+        clock.now += 100.0
+        monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+        attempts = []
+        refills.measure_refills(tmp_path, fast=drive["fast"], post=100 * MB,
+                                full_at=clock.now, idle=1.0, cap=int(4e9), attempts=attempts,
+                                cache=cache)
+        assert [a["found"] for a in attempts] == ["no cliff"]

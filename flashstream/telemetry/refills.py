@@ -35,7 +35,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
                     attempts: Optional[List[dict]] = None,
-                    difference: Optional[float] = None
+                    difference: Optional[float] = None, cache: Optional[float] = None
                     ) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
@@ -50,7 +50,9 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
     (between writes) once set; an ``Interrupt`` (telemetry/write_on.py) ends the write in
     progress too, so that a save waiting for it does not start in the cliff the write was
     about to reach. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
-    found), for reports."""
+    found), for reports. ``cache``: the cache's size as far as known; a refill that wrote
+    less than it and met no cliff was sized too small and writes on (:func:`_write_to_cliff`),
+    one that wrote more found the cache drained completely (None: never writes on)."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
     full, ended = True, full_at
@@ -72,8 +74,8 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # Ended soon after its cliff, not written on in it to its size: a drive left in its
         # cliff stays there until it has freed a margin, a second or more, and a save that
         # comes meanwhile (cancelling the write in progress) starts in it.
-        point, rows, began, written, nbytes = _write_to_cliff(
-            directory, min(cap, refill), cap, fast, post, stop)
+        point, rows, began, written, refill_bytes = _write_to_cliff(
+            directory, min(cap, refill), min(cap, (cache or 0.0) - probed), fast, post, stop)
         # One timeline from the last short write on (its fast start is what the cliff is
         # found against), counted from the cache's last full moment with every byte written
         # since: the short writes' in the cliff too.
@@ -102,9 +104,9 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         slow = slow and not cut
         full = again is not None or slow or cut
         if attempts is not None:
-            attempts.append({"gap_s": gap, "bytes": nbytes, "seconds": written - began,
+            attempts.append({"gap_s": gap, "bytes": refill_bytes, "seconds": written - began,
                              "drain_at_least": cut_bound(rows, since, probed) if cut else None,
-                             "probes_bytes": probed + sum(r[1] for r in rows) - nbytes,
+                             "probes_bytes": probed + sum(r[1] for r in rows) - refill_bytes,
                              "found": "cliff" if again else "still in the cliff" if slow
                              else "cut short" if cut else "no cliff",
                              "reading": (since + again.seconds, probed + again.bytes_before)
@@ -126,13 +128,15 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
 MORE_WRITES = 2
 
 
-def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: int, fast: float,
+def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: float, fast: float,
                     post: float, stop: Optional[threading.Event]):
     """A refill's write of ``size`` bytes, ended soon after its cliff; where it wrote them all
     and met none (sized by a post-cache rate read low, say: the drive folds faster than
     the size allowed for), written on at once, twice as much each time, at most
-    ``MORE_WRITES`` times and ``cap`` bytes in all. (Ended there, it gave no reading, and
-    the drain stood assumed at the slow end: saves took 10-25 x the shortest.) Returns the
+    ``MORE_WRITES`` times, while all it wrote is below ``cap`` (less than the cache holds:
+    more, and the cache had drained completely, which no cliff reading measures). (Ended
+    there, it gave no reading, and the drain stood assumed at the slow end: saves took
+    10-25 x the shortest.) Returns the
     first write's ProbePoint, the joined timeline (:func:`point_timeline`, on the first
     write's clock), when (time.monotonic()) the first began and the last request completed,
     and the bytes written."""
@@ -144,6 +148,8 @@ def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: int, fas
         if not ran_out or nbytes >= cap or refill_cliff(rows, fast) is not None:
             break
         asked = int(min(2 * asked, cap - nbytes))
+        if asked < (1 << 20):
+            break
         more, start, ended = timed_write(directory, asked, stop_below=_stop_below(fast, post),
                                          stop=stop)
         rows += [(end + start - began, b, pace) for end, b, pace in point_timeline(more)]

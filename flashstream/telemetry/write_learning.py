@@ -119,7 +119,7 @@ def learn_sustained(directory: Union[str, os.PathLike], size: Size, *,
     idle = min(MAX_IDLE, 0.2 * guess / post) if idle is None else idle
     refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
                                           full_at=ended, idle=idle, cap=nbytes,
-                                          progress=progress)
+                                          progress=progress, cache=guess)
     model.drain_rate = refill_drain(refills, model.fast_rate)
     how = MEASURED if two_readings(refills) else ESTIMATED
     if model.drain_rate is not None:
@@ -259,7 +259,8 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
                                           full_at=full_at,
                                           idle=min(MAX_IDLE, 0.2 * guess / post),
                                           cap=cap, stop=stop, attempts=attempts,
-                                          difference=AFTER_SAVE_DIFFERENCE * guess)
+                                          difference=AFTER_SAVE_DIFFERENCE * guess,
+                                          cache=guess)
     drain = refill_drain(refills, model.fast_rate)
     # No reading, but a refill the next save cut short before its cliff took so many bytes
     # in so many seconds: the drain is at least that, if the cache was full when the last
