@@ -12,13 +12,16 @@ the background. The model keeps one number, the bytes in the cache (``fill``):
   A drive may fold faster when idle than it writes in the cliff (``drain_rate`` above
   ``post_cache_rate``): written in the cliff, it folds no faster than it is written, so it
   stays there while written at the post-cache rate, and folds at the full rate when idle
-  (in between, in proportion to the time it spent writing). The bytes a step brings count
-  as ``bytes / post_cache_rate`` seconds of writing, and what a burst brings beyond the step
-  is carried into the next steps (at most ``BUSY_CARRY_S``): the block-I/O throttle that
-  emulates the cliff releases a steady writer's requests in bursts, every other step, and
-  judged step by step such a writer left the drive idle half the time. It then folded at
-  the mean of the two rates, freed its hysteresis while written at the post-cache rate, and
-  left a "full" cache tens of MB short of full after a few seconds in the cliff.
+  (in between, in proportion to the time it spent writing). In the cliff the bytes a step
+  brings enter the cache at the post-cache rate, and what a burst brings beyond the step
+  enters in the next steps (at most ``BUSY_CARRY_S`` of writing): the block-I/O throttle
+  that emulates the cliff releases a steady writer's requests in bursts, every other step.
+  Judged step by step, such a writer left the drive idle half the time: it folded at the
+  mean of the two rates and left a "full" cache tens of MB short of full after a few seconds
+  in the cliff; and a burst's bytes, cut off at the full cache, left the empty step after it
+  a burst's worth below full, out of the cliff where its margin is that small (5% of a
+  cache written at 0.9 GB/s), so that the drive went in and out of its cliff every few
+  steps, and the throttle, its limit rewritten each time, held nothing.
 
 So a write at any rate below ``drain_rate`` never fills the cache, and from an empty cache a
 write at rate ``w > drain_rate`` reaches the cliff after ``cache_size * w / (w - drain_rate)``
@@ -198,13 +201,13 @@ class CacheModel:
         self.settings = settings
         self.horizon = horizon  # seconds until the next chance to change the limits
         self.state = CacheState()
-        self._busy_carry = 0.0  # seconds of writing in the cliff owed from earlier bursts
+        self._owed = 0.0  # bytes in the cliff owed to the cache from earlier bursts
 
     def step(self, written: float, seconds: float) -> CacheState:
         s, st = self.settings, self.state
-        st.fill = min(float(s.cache_size), drained(st.fill + written, self.fold_rate(
-            written, seconds), seconds))
-        self._carry(written, seconds, in_cliff=st.cliff)
+        entering = self._entering(written, seconds)
+        st.fill = min(float(s.cache_size), drained(st.fill + entering, self.fold_rate(
+            entering, seconds), seconds))
         if not st.cliff and st.fill >= s.cache_size * 0.999:
             st.cliff = True
         elif st.cliff and st.fill <= s.cache_size - s.hysteresis:
@@ -212,24 +215,30 @@ class CacheModel:
         return st
 
     def fold_rate(self, written: float, seconds: float) -> float:
-        """Bytes/s folded over a step that wrote ``written`` bytes: the drain rate, but in the
-        cliff no faster than the post-cache rate while written at it (in proportion to the
-        share of the step spent writing, earlier bursts' carry included)."""
+        """Bytes/s folded over a step whose writes brought ``written`` bytes into the cache:
+        the drain rate, but in the cliff no faster than the post-cache rate while written at
+        it (in proportion to the share of the step spent writing)."""
         s = self.settings
         if not self.state.cliff or s.drain_rate <= s.post_cache_rate or seconds <= 0:
             return s.drain_rate
-        busy = min(1.0, (self._busy_carry + written / s.post_cache_rate) / seconds)
+        busy = min(1.0, written / (s.post_cache_rate * seconds))
         return s.drain_rate - (s.drain_rate - s.post_cache_rate) * busy
 
-    def _carry(self, written: float, seconds: float, in_cliff: bool) -> None:
-        """The writing a step's bytes stand for beyond the step, owed to the next ones: only
-        for a step the drive spent in its cliff (the bytes that filled the cache are not)."""
+    def _entering(self, written: float, seconds: float) -> float:
+        """The bytes that enter the cache over a step that completed ``written``: all of them
+        out of the cliff; in it, at most the post-cache rate's worth of the step, the rest
+        owed to the next steps (at most ``BUSY_CARRY_S`` of writing). The block-I/O throttle
+        releases a steady writer in bursts: counted in the step they came, a burst's bytes
+        were cut off at the full cache, and the empty step after it folded the cache a
+        burst's worth below full, which left the cliff where its margin is that small."""
         s = self.settings
-        if not in_cliff or seconds <= 0:
-            self._busy_carry = 0.0
-            return
-        owed = self._busy_carry + written / s.post_cache_rate - seconds
-        self._busy_carry = min(BUSY_CARRY_S, max(0.0, owed))
+        if not self.state.cliff or seconds <= 0:
+            self._owed = 0.0
+            return written
+        owed = self._owed + written
+        entering = min(owed, s.post_cache_rate * seconds)
+        self._owed = min(BUSY_CARRY_S * s.post_cache_rate, owed - entering)
+        return entering
 
     def write_limit(self) -> float:
         """Bytes/s writes may run at now (0: unlimited). Before the cliff the limit tapers so
