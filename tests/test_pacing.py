@@ -646,8 +646,8 @@ def test_a_refill_ends_soon_after_its_cliff(tmp_path):
     not at its size: a save due meanwhile waits for it, and a drive left in its cliff still is
     when that save starts."""
     from flashstream.emulation import DriveEmulator
-    from flashstream.telemetry.refills import _stop_below, point_timeline
-    from flashstream.telemetry.write_on import STOP_AFTER_S, timed_write
+    from flashstream.telemetry.refills import _stop_below
+    from flashstream.telemetry.write_on import STOP_AFTER_S, point_timeline, timed_write
 
     settings = DriveSettings(cache_size=96 * MiB, post_cache_rate=60e6, drain_rate=60e6,
                              fast_rate=200e6)

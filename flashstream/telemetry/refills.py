@@ -12,19 +12,10 @@ import time
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from .cliff import CLIFF_HOLD_S, find_cliff, intervals, mean_rate
-from .write_on import timed_write
+from .write_on import point_timeline, timed_write
 
-__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "point_timeline",
-           "refill_cliff", "refill_drain", "second_gap", "two_readings"]
-
-
-def point_timeline(point) -> List[Tuple[float, float, float]]:
-    """A ProbePoint's (end, GB/s) timeline as (end, bytes, unpaced)."""
-    out, start = [], 0.0
-    for end, gbps in point.timeline:
-        out.append((end, gbps * 1e9 * (end - start), 0.0))
-        start = end
-    return out
+__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "refill_cliff",
+           "refill_drain", "second_gap", "two_readings"]
 
 
 MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill

@@ -32,7 +32,6 @@ from .probe import new_file_write
 from .refills import (
     MAX_IDLE,
     measure_refills,
-    point_timeline,
     refill_drain,
     two_readings,
 )
@@ -47,7 +46,7 @@ from .write_model import (
     load_model,
     sizing_drain,
 )
-from .write_on import timed_write
+from .write_on import point_timeline, timed_write
 
 __all__ = ["MIN_RATE_SECONDS", "drain_from_cliff", "drain_lower_bound", "drive_write_rate",
            "learn_after_save",

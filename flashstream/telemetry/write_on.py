@@ -9,8 +9,12 @@ removes, until the cliff comes and the drive has set its own pace in it long eno
 its post-cache rate, or until a cap: then the model knows the cliff (or that the cap went
 without one), and the next save is planned around it instead of meeting it unseen.
 
-Written in chunks (a new file each), so that it stops soon after the cliff and between chunks
-once a save is waiting; the chunks' timelines are joined on one clock.
+One write, not chunks: between chunks (a file removed, the next one allocated) a drive folds as
+when idle, faster than it does written on in its cliff, and one that leaves its cliff once it
+has freed a small margin left it at nearly every chunk. It then wrote at 1.3-1.6 x its
+post-cache rate on average, which the model took for that rate, and the refills sized from it
+found the drive still in its cliff. The write ends by its own rate (``stop_below``) soon
+enough after the cliff, and at once where a save is waiting (:class:`Interrupt`).
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ from .. import engine
 from .cliff import CLIFF_HOLD_S, Cliff, drive_limited, find_cliff, intervals, mean_rate
 from .probe import measure, preallocated_file
 
-__all__ = ["SHAPE", "STOP_AFTER_S", "Interrupt", "WriteOn", "timed_write", "write_on_to_cliff"]
+__all__ = ["SHAPE", "STOP_AFTER_S", "WRITE_ON_WINDOW_S", "Interrupt", "WriteOn", "point_timeline",
+           "timed_write", "write_on_to_cliff"]
 
-#: Seconds of writing at the fast rate per chunk: how late after the cliff it can stop.
-CHUNK_S = 0.25
-#: Seconds in the cliff before it stops: the hold that places the cliff, then long enough for
-#: a measured post-cache rate (MIN_RATE_SECONDS in telemetry/write_learning.py, and a chunk
-#: for the timeline's last interval). The refills after it are sized from that rate: with a
-#: lower bound read off a few intervals instead, they came out too small to reach the cliff
-#: on drives that fold fast, and the recovery stayed assumed.
+#: Writing on ends once its last this many seconds averaged below half the new-file rate. A
+#: drive whose post-cache rate is p x its new-file rate (0.15-0.45 in the family of
+#: docs/emulation.md) has then been in its cliff 0.5 / (1 - p) of it, 1.05-1.65 s: the hold
+#: that places the cliff, then long enough for a measured post-cache rate (MIN_RATE_SECONDS
+#: in telemetry/write_learning.py) and the timeline's last interval. The refills after it are
+#: sized from that rate: with a lower bound read off a few intervals instead, they came out
+#: too small to reach the cliff on drives that fold fast, and the recovery stayed assumed.
+WRITE_ON_WINDOW_S = 1.8
+#: Seconds below half the new-file rate from writing on's first byte that say the drive was
+#: in its cliff already (the save met it in its last requests).
 IN_CLIFF_S = CLIFF_HOLD_S + 0.5 + 0.25
 
 
@@ -63,9 +71,11 @@ class Interrupt(threading.Event):
 
 
 def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float = 0.0,
-                stop_below: float = 0.0, stop: Optional[threading.Event] = None):
+                stop_below: float = 0.0, stop: Optional[threading.Event] = None,
+                stop_after: float = STOP_AFTER_S):
     """A sustained probe write (at most ``seconds`` of writing, 0: no cap; ended early once
-    ``STOP_AFTER_S`` seconds ran below ``stop_below`` bytes/s, 0: never): its ProbePoint,
+    ``stop_after`` seconds ran below ``stop_below`` bytes/s on average, 0: never): its
+    ProbePoint,
     time.monotonic() when it began, when its last request completed; both a few milliseconds
     early, the probe's own setup before its clock starts, the same for every write. Both leave
     out the file's preallocation and removal: the drive folds through them as it does through
@@ -76,7 +86,7 @@ def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float 
     with preallocated_file(directory, nbytes) as name:
         began = time.monotonic()
         point = measure(name, op="write", nbytes=nbytes, seconds=seconds,
-                        stop_below=stop_below, stop_after=STOP_AFTER_S if stop_below else 0.0,
+                        stop_below=stop_below, stop_after=stop_after if stop_below else 0.0,
                         cancel=stop.probe if isinstance(stop, Interrupt) else None,
                         **SHAPE)
         # The last request's completion, not the end fsync's: the fold starts there.
@@ -87,8 +97,8 @@ def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float 
 @dataclasses.dataclass
 class WriteOn:
     """What writing on found: the cliff (``seconds`` and ``bytes_before`` counted from the
-    first chunk's start), the bytes written, and when (time.monotonic()) the first chunk began
-    and the last request completed."""
+    write's start), the bytes written, its timeline, and when (time.monotonic()) it began and
+    its last request completed."""
 
     cliff: Optional[Cliff]
     written: float
@@ -102,64 +112,32 @@ class WriteOn:
 def write_on_to_cliff(directory: Union[str, os.PathLike], *, fast: float, cap: float,
                       stop: Optional[threading.Event] = None, in_cliff: float = IN_CLIFF_S,
                       unpaced: bool = True) -> WriteOn:
-    """Unpaced new-file writes in ``directory`` (removed after) until ``in_cliff`` seconds
-    past the cliff, or ``cap`` bytes, or ``stop`` is set (checked between chunks). A drive
-    below half ``fast`` from the first byte for as long (at least the hold) is in its cliff
-    from there: a cliff at 0 s, 0 bytes.
+    """One unpaced new-file write in ``directory`` (removed after) until the drive has been in
+    its cliff long enough to read its pace there (:data:`WRITE_ON_WINDOW_S`), or ``cap``
+    bytes, or ``stop`` is set (an :class:`Interrupt` ends the write in progress). A drive
+    below half ``fast`` from the first byte for ``in_cliff`` seconds is in its cliff from
+    there: a cliff at 0 s, 0 bytes.
     ``unpaced``: read the cliff as after a write long past it (find_cliff's stall rule)."""
-    chunk = max(int(CHUNK_S * fast), 16 << 20)
-    timeline: List[Tuple[float, float, float]] = []
-    spans: List[Tuple[float, float, float]] = []  # each chunk's (start, end, bytes)
-    written, began, ended, cliff = 0.0, time.monotonic(), time.monotonic(), None
-    interrupted = from_start = False
-    while written < cap:
-        if stop is not None and stop.is_set():
-            interrupted = True
-            break
-        nbytes = int(min(chunk, cap - written))
-        # At most CHUNK_S of writing: in the cliff a chunk sized at the fast rate takes
-        # several times as long.
-        point, start, ended = timed_write(directory, nbytes, seconds=CHUNK_S)
-        if not timeline:
-            began = start
-        offset, last = start - began, 0.0
-        for end, gbps in point.timeline:
-            timeline.append((offset + end, gbps * 1e9 * (end - last), 0.0))
-            last = end
-        if point.timeline:
-            spans.append((spans[-1][1] if spans else 0.0, timeline[-1][0], point.bytes))
-        written += point.bytes
-        cliff = find_cliff(timeline, unpaced=unpaced)
-        from_start = cliff is None
-        if from_start:
-            cliff = _in_cliff_from_start(timeline, fast, max(in_cliff, CLIFF_HOLD_S))
-        if cliff is not None and timeline[-1][0] - cliff.seconds >= in_cliff:
-            break
-    if cliff is not None and cliff.rate is not None:
-        cliff = _rate_in_cliff(cliff, spans, fast)
-    return WriteOn(cliff, written, began, ended, timeline, interrupted,
+    point, began, ended = timed_write(directory, max(int(cap), 1 << 20),
+                                      stop_below=0.5 * fast, stop_after=WRITE_ON_WINDOW_S,
+                                      stop=stop)
+    timeline = point_timeline(point)
+    cliff = find_cliff(timeline, unpaced=unpaced)
+    from_start = cliff is None
+    if from_start:
+        cliff = _in_cliff_from_start(timeline, fast, max(in_cliff, CLIFF_HOLD_S))
+    return WriteOn(cliff, float(point.bytes), began, ended, timeline,
+                   interrupted=stop is not None and stop.is_set(),
                    from_start=cliff is not None and from_start)
 
 
-def _rate_in_cliff(cliff: Cliff, spans: List[Tuple[float, float, float]], fast: float
-                   ) -> Cliff:
-    """The drive's pace in its cliff from the chunks after its hold that ran below half
-    ``fast``, each over its own time and the gap before it. Between chunks (a file removed,
-    the next one allocated) the drive folds as when idle, faster than it does written on in
-    its cliff, so a drive that leaves its cliff only once it has freed a margin can leave it
-    after a few chunks: a chunk back at its cache's speed is not the cliff's pace (read with
-    one, the post-cache rate came out 1.3-1.7 x the drive's, and the next save met the
-    cliff). Unchanged where no such chunk ran."""
-    kept = [(start, end, nbytes) for start, end, nbytes in spans
-            if start >= cliff.seconds + CLIFF_HOLD_S and end > start
-            and nbytes / (end - start) < 0.5 * fast]
-    if len(kept) == len([s for s in spans if s[0] >= cliff.seconds + CLIFF_HOLD_S]):
-        return cliff
-    seconds = sum(end - start for start, end, _b in kept)
-    if seconds <= 0:
-        return dataclasses.replace(cliff, rate=None, rate_seconds=0.0)
-    return dataclasses.replace(cliff, rate=sum(b for _s, _e, b in kept) / seconds,
-                               rate_seconds=seconds)
+def point_timeline(point) -> List[Tuple[float, float, float]]:
+    """A ProbePoint's (end, GB/s) timeline as (end, bytes, unpaced)."""
+    out, start = [], 0.0
+    for end, gbps in point.timeline:
+        out.append((end, gbps * 1e9 * (end - start), 0.0))
+        start = end
+    return out
 
 
 def _in_cliff_from_start(timeline, fast: float, window: float) -> Optional[Cliff]:
