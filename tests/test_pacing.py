@@ -644,7 +644,9 @@ def test_auto_counts_another_writer_on_the_drive_and_stays_out_of_the_cliff(tmp_
 def test_a_refill_ends_soon_after_its_cliff(tmp_path):
     """A refill of a full cache stops once it has been in its cliff long enough to place it,
     not at its size: a save due meanwhile waits for it, and a drive left in its cliff still is
-    when that save starts."""
+    when that save starts. So does one that meets its cliff soon, as after a short gap: ended
+    once a window twice that long averaged below the midpoint, it had to fill the window first
+    and wrote on in its cliff for over a second."""
     from flashstream.emulation import DriveEmulator
     from flashstream.telemetry.refills import _stop_below
     from flashstream.telemetry.write_on import STOP_AFTER_S, point_timeline, timed_write
@@ -655,11 +657,16 @@ def test_a_refill_ends_soon_after_its_cliff(tmp_path):
     os.sync()  # earlier tests' dirty pages would be another writer
     with DriveEmulator(tmp_path, settings) as drive:
         drive.add_process()
-        point, _began, _ended = timed_write(
-            tmp_path, asked, stop_below=_stop_below(settings.fast_rate,
-                                                     settings.post_cache_rate))
+        below = _stop_below(settings.fast_rate, settings.post_cache_rate)
+        point, _began, _ended = timed_write(tmp_path, asked, stop_below=below)
+        time.sleep(0.4)  # frees 24 MB: the next refill meets its cliff after about 0.2 s
+        soon, _began, _ended = timed_write(tmp_path, asked, stop_below=below)
     cliff = find_cliff(point_timeline(point))
     info = f"{point.bytes} bytes in {point.seconds:.2f} s, cliff {cliff}"
     assert cliff is not None, info
     assert point.bytes < asked / 2, info
     assert point.seconds < cliff.seconds + STOP_AFTER_S + 1.0, info
+    early = find_cliff(point_timeline(soon))
+    info = f"{soon.bytes} bytes in {soon.seconds:.2f} s, cliff {early}"
+    assert early is not None and early.seconds < 0.5, info
+    assert soon.seconds < early.seconds + STOP_AFTER_S + 0.4, info

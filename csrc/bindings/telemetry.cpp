@@ -53,7 +53,8 @@ struct ProbeCancel {
 nb::dict run_probe_py(const std::string& path, const std::string& op, const std::string& pattern,
                       size_t block_size, unsigned queue_depth, uint64_t bytes, double duration,
                       const std::string& engine, bool direct, uint64_t seed, double interval,
-                      double stop_below, double stop_after, const ProbeCancel* cancel) {
+                      double stop_below, double stop_after, double stop_smooth,
+                      const ProbeCancel* cancel) {
   ProbeSpec spec;
   spec.path = path;
   spec.op = parse_probe_op(op);  // std::invalid_argument -> ValueError
@@ -68,6 +69,7 @@ nb::dict run_probe_py(const std::string& path, const std::string& op, const std:
   spec.interval = interval;
   spec.stop_below = stop_below;
   spec.stop_after = stop_after;
+  spec.stop_smooth = stop_smooth;
   spec.cancel = cancel ? &cancel->flag : nullptr;
   ProbeResult r;
   {
@@ -103,10 +105,11 @@ void bind_telemetry(nb::module_& m) {
         nb::arg("queue_depth") = 32u, nb::arg("bytes") = uint64_t(0), nb::arg("duration") = 0.0,
         nb::arg("engine") = "auto", nb::arg("direct") = true, nb::arg("seed") = uint64_t(0),
         nb::arg("interval") = 0.0, nb::arg("stop_below") = 0.0, nb::arg("stop_after") = 0.0,
-        nb::arg("cancel").none() = nb::none(),
+        nb::arg("stop_smooth") = 0.0, nb::arg("cancel").none() = nb::none(),
         "Measure the device like fio: queue_depth requests of block_size in flight on an "
-        "existing file; stop issuing once the last stop_after seconds of the timeline averaged "
-        "below stop_below bytes/s (0: never), or once `cancel` (a ProbeCancel) is set. Returns "
+        "existing file; stop issuing once stop_after seconds have passed since the timeline "
+        "last ran at stop_below bytes/s or faster (each rate the mean over stop_smooth seconds; "
+        "0: never), or once `cancel` (a ProbeCancel) is set. Returns "
         "a dict (bytes, seconds, sync_seconds, requests, direct, engine, counts, min_ns, "
         "max_ns, sum_ns, timeline).");
   nb::class_<ProbeCancel>(m, "ProbeCancel",

@@ -85,7 +85,7 @@ class ProbeRun {
   void on_completion(const IoCompletion& c, Clock::time_point now);
   void fall_back_to_buffered();
   void account(uint64_t bytes, Clock::time_point now);
-  bool fell_below() const noexcept;  // the stop_below rule, over the timeline so far
+  bool fell_below() noexcept;  // the stop_below rule, over the timeline so far
   void fail(std::exception_ptr e) noexcept;
   void abandon_buffers() noexcept;
   const char* op() const { return write_ ? "write" : "read"; }
@@ -107,6 +107,7 @@ class ProbeRun {
   Clock::time_point start_, deadline_, next_mark_;
   Clock::duration interval_{};
   uint64_t interval_bytes_ = 0;
+  double fast_until_ = 0;  // end (s) of the last interval whose smoothed rate met stop_below
   ProbeResult result_;
 };
 
@@ -118,8 +119,8 @@ ProbeRun::ProbeRun(const ProbeSpec& spec)
   if (!(spec.duration >= 0)) throw std::invalid_argument("duration must be >= 0");
   if (!(spec.interval == 0 || spec.interval >= kMinInterval))
     throw std::invalid_argument("interval must be 0 (no timeline) or at least 0.001 s");
-  if (!(spec.stop_below >= 0) || !(spec.stop_after >= 0))
-    throw std::invalid_argument("stop_below and stop_after must be >= 0");
+  if (!(spec.stop_below >= 0) || !(spec.stop_after >= 0) || !(spec.stop_smooth >= 0))
+    throw std::invalid_argument("stop_below, stop_after and stop_smooth must be >= 0");
   if (spec.stop_below > 0 && (spec.interval == 0 || spec.stop_after < spec.interval))
     throw std::invalid_argument(
         "stop_below needs a timeline (interval > 0) and stop_after of at least one interval");
@@ -248,13 +249,17 @@ void ProbeRun::account(uint64_t bytes, Clock::time_point now) {
   interval_bytes_ += bytes;
 }
 
-bool ProbeRun::fell_below() const noexcept {
-  const size_t n = static_cast<size_t>(std::ceil(spec_.stop_after / spec_.interval - 1e-9));
-  if (n == 0 || result_.timeline.size() < n) return false;
-  uint64_t sum = 0;
-  for (size_t i = result_.timeline.size() - n; i < result_.timeline.size(); ++i)
-    sum += result_.timeline[i].bytes;
-  return static_cast<double>(sum) < spec_.stop_below * static_cast<double>(n) * spec_.interval;
+bool ProbeRun::fell_below() noexcept {
+  const auto& t = result_.timeline;
+  const size_t n = std::max<size_t>(
+      1, static_cast<size_t>(std::ceil(spec_.stop_smooth / spec_.interval - 1e-9)));
+  if (t.size() >= n) {
+    uint64_t sum = 0;
+    for (size_t i = t.size() - n; i < t.size(); ++i) sum += t[i].bytes;
+    if (static_cast<double>(sum) >= spec_.stop_below * static_cast<double>(n) * spec_.interval)
+      fast_until_ = t.back().seconds;
+  }
+  return t.back().seconds - fast_until_ >= spec_.stop_after - 1e-9;
 }
 
 // The engine failed with requests outstanding: we cannot know when the kernel is done with

@@ -36,11 +36,15 @@ struct ProbeSpec {
   bool direct = true;           // O_DIRECT, falling back to buffered I/O where refused
   uint64_t seed = 0;            // random offsets and write data
   double interval = 0;          // timeline resolution in seconds; 0: no timeline (else >= 1 ms)
-  // Stop issuing once the last `stop_after` seconds of the timeline averaged below
-  // `stop_below` bytes/s (0: never; needs a timeline): a write that only has to reach a
-  // drive's write cliff ends soon after it instead of writing on in it.
+  // Stop issuing once `stop_after` seconds have passed since the timeline last ran at
+  // `stop_below` bytes/s or faster (0: never; needs a timeline), each rate the mean over the
+  // last `stop_smooth` seconds (at least one interval), or since the start where it never
+  // did: a write that only has to reach a drive's write cliff ends that long after it, however
+  // long it ran before, instead of writing on in it. (The smoothing spans the bursts in which
+  // a throttle or a drive completes requests.)
   double stop_below = 0;
   double stop_after = 0;
+  double stop_smooth = 0;
   // Once set (by another thread), stop issuing; the requests in flight complete (the caller
   // has something more urgent to write: a checkpoint waiting for a measurement).
   const std::atomic<bool>* cancel = nullptr;

@@ -185,6 +185,7 @@ TEST_CASE("probe: parse op and pattern; invalid specs fail before any I/O") {
   bad([](ProbeSpec& s) { s.duration = -1; });
   bad([](ProbeSpec& s) { s.engine = "bogus"; });
   bad([](ProbeSpec& s) { s.stop_below = -1; });
+  bad([](ProbeSpec& s) { s.stop_smooth = -1; });
   bad([](ProbeSpec& s) { s.stop_below = 1e6; });  // no timeline to judge it by
   bad([](ProbeSpec& s) { s.stop_below = 1e6, s.interval = 0.01, s.stop_after = 0.001; });
   ProbeSpec s = spec_for(dir.file("missing"), ProbeOp::kRead, 4096, 1, "auto");
@@ -246,7 +247,8 @@ TEST_CASE("probe: stop_below ends a run whose throughput stays below it") {
     s.bytes = uint64_t(1) << 40;  // far more than it can read in the time the rule allows
     s.interval = 0.005;
     s.stop_after = 0.05;
-    s.stop_below = 1e15;  // unreachable: every stretch of stop_after is below it
+    s.stop_below = 1e15;  // unreachable: stop_after from the start, never at it
+    s.stop_smooth = 0.02;
     const ProbeResult r = run_probe(s);
     CHECK(r.bytes < s.bytes);
     CHECK(r.seconds >= 0.05);

@@ -188,11 +188,14 @@ def measure(path: Union[str, os.PathLike], *, op: str, pattern: str = "sequentia
             block_size: Size = "1MiB", queue_depth: int = 32, nbytes: Size = 0,
             seconds: float = 0.0, interval: float = 0.0, engine_kind: Optional[str] = None,
             seed: int = 0, stop_below: float = 0.0, stop_after: float = 0.0,
-            cancel: Optional[engine.ProbeCancel] = None) -> ProbePoint:
+            stop_smooth: float = 0.0, cancel: Optional[engine.ProbeCancel] = None
+            ) -> ProbePoint:
     """One fio-like run on an existing file (``nbytes=0``: the whole file).
 
-    ``stop_below`` (bytes/s, 0: never): stop once the last ``stop_after`` seconds of the
-    timeline (``interval`` > 0) averaged below it, as when a write meets a drive's cliff.
+    ``stop_below`` (bytes/s, 0: never): stop once ``stop_after`` seconds have passed since the
+    timeline (``interval`` > 0) last ran at it or faster, each rate the mean over
+    ``stop_smooth`` seconds (or since the start, where it never did), as when a write meets a
+    drive's cliff.
     ``cancel`` (an ``engine.ProbeCancel``): stop issuing once another thread sets it."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
@@ -204,7 +207,8 @@ def measure(path: Union[str, os.PathLike], *, op: str, pattern: str = "sequentia
     bs = parse_size(block_size, name="block_size")
     raw = engine.run_probe(os.fspath(path), op, pattern, bs, queue_depth,
                            parse_size(nbytes, name="nbytes"), float(seconds), kind, True, seed,
-                           float(interval), float(stop_below), float(stop_after), cancel)
+                           float(interval), float(stop_below), float(stop_after),
+                           float(stop_smooth), cancel)
     hist = LatencyHistogram.from_core(raw)
     return ProbePoint(op=op, pattern=pattern, block_size=bs, queue_depth=queue_depth,
                       # A write is done when it is durable: the final fdatasync counts.

@@ -29,27 +29,32 @@ from .. import engine
 from .cliff import CLIFF_HOLD_S, Cliff, drive_limited, find_cliff, intervals, mean_rate
 from .probe import measure, preallocated_file
 
-__all__ = ["SHAPE", "STOP_AFTER_S", "WRITE_ON_WINDOW_S", "Interrupt", "WriteOn", "point_timeline",
+__all__ = ["SHAPE", "STOP_AFTER_S", "WRITE_ON_AFTER_S", "Interrupt", "WriteOn", "point_timeline",
            "timed_write", "write_on_to_cliff"]
 
-#: Writing on ends once its last this many seconds averaged below half the new-file rate. A
-#: drive whose post-cache rate is p x its new-file rate (0.15-0.45 in the family of
-#: docs/emulation.md) has then been in its cliff 0.5 / (1 - p) of it, 1.05-1.65 s: the hold
-#: that places the cliff, then long enough for a measured post-cache rate (MIN_RATE_SECONDS
-#: in telemetry/write_learning.py) and the timeline's last interval. The refills after it are
-#: sized from that rate: with a lower bound read off a few intervals instead, they came out
-#: too small to reach the cliff on drives that fold fast, and the recovery stayed assumed.
-WRITE_ON_WINDOW_S = 1.8
+#: Writing on ends this many seconds after it last ran at half the new-file rate (over
+#: ``STOP_SMOOTH_S``): the hold that places the cliff, then long enough for a measured
+#: post-cache rate (MIN_RATE_SECONDS in telemetry/write_learning.py) and the timeline's last
+#: interval. The refills after it are sized from that rate: with a lower bound read off a few
+#: intervals instead, they came out too small to reach the cliff on drives that fold fast, and
+#: the recovery stayed assumed.
+WRITE_ON_AFTER_S = CLIFF_HOLD_S + 0.5 + 0.15
 #: Seconds below half the new-file rate from writing on's first byte that say the drive was
-#: in its cliff already (the save met it in its last requests).
-IN_CLIFF_S = CLIFF_HOLD_S + 0.5 + 0.25
+#: in its cliff already (the save met it in its last requests): writing on ends
+#: ``WRITE_ON_AFTER_S`` after its start then, and its timeline leaves out the last interval.
+IN_CLIFF_S = CLIFF_HOLD_S + 0.5
 
 
-#: Seconds whose average below a write's ``stop_below`` end it. With ``stop_below`` midway
-#: between the rates before and after a drop, the average crosses it once half the window is
-#: past the drop: that half is find_cliff's hold and a few intervals more (find_cliff leaves
-#: out a timeline's last interval, the queue draining).
-STOP_AFTER_S = 2 * (CLIFF_HOLD_S + 0.15)
+#: A write given ``stop_below`` ends this many seconds after it last ran that fast: where
+#: that is the midpoint of the rates before and after the cliff, the moment the drop passes
+#: it, plus find_cliff's hold and a few intervals more (find_cliff leaves out a timeline's
+#: last interval, the queue draining). (Ended instead once a window of twice that averaged
+#: below the midpoint, a write that reached its cliff soon, as a refill after a short gap
+#: does, had to fill the window first and wrote on in its cliff for over a second.)
+STOP_AFTER_S = CLIFF_HOLD_S + 0.1
+#: Seconds each rate that rule judges is the mean over: the block-I/O throttle that emulates
+#: a cliff, and drives themselves, complete requests in bursts every 0.05-0.1 s.
+STOP_SMOOTH_S = 0.2
 
 
 # The sustained probe's request shape: small requests and a fine timeline, so that what is in
@@ -74,19 +79,20 @@ def timed_write(directory: Union[str, os.PathLike], nbytes: int, seconds: float 
                 stop_below: float = 0.0, stop: Optional[threading.Event] = None,
                 stop_after: float = STOP_AFTER_S):
     """A sustained probe write (at most ``seconds`` of writing, 0: no cap; ended early once
-    ``stop_after`` seconds ran below ``stop_below`` bytes/s on average, 0: never): its
-    ProbePoint,
-    time.monotonic() when it began, when its last request completed; both a few milliseconds
-    early, the probe's own setup before its clock starts, the same for every write. Both leave
-    out the file's preallocation and removal: the drive folds through them as it does through
-    idle time. Removing a large file takes longer than removing a small one (online discard):
-    counted into the idle gaps, that difference would come off the gap difference the recovery
-    rate is computed over, and the rate would come out low (the cache size, which subtracts
-    it, high). ``stop``: an :class:`Interrupt` ends the write once set."""
+    ``stop_after`` seconds have passed since it last ran at ``stop_below`` bytes/s, each rate
+    over ``STOP_SMOOTH_S``, 0: never): its ProbePoint, time.monotonic() when it began, when
+    its last request completed; both a few milliseconds early, the probe's own setup before
+    its clock starts, the same for every write. Both leave out the file's preallocation and
+    removal: the drive folds through them as it does through idle time. Removing a large file
+    takes longer than removing a small one (online discard): counted into the idle gaps, that
+    difference would come off the gap difference the recovery rate is computed over, and the
+    rate would come out low (the cache size, which subtracts it, high). ``stop``: an
+    :class:`Interrupt` ends the write once set."""
     with preallocated_file(directory, nbytes) as name:
         began = time.monotonic()
         point = measure(name, op="write", nbytes=nbytes, seconds=seconds,
                         stop_below=stop_below, stop_after=stop_after if stop_below else 0.0,
+                        stop_smooth=STOP_SMOOTH_S,
                         cancel=stop.probe if isinstance(stop, Interrupt) else None,
                         **SHAPE)
         # The last request's completion, not the end fsync's: the fold starts there.
@@ -113,13 +119,13 @@ def write_on_to_cliff(directory: Union[str, os.PathLike], *, fast: float, cap: f
                       stop: Optional[threading.Event] = None, in_cliff: float = IN_CLIFF_S,
                       unpaced: bool = True) -> WriteOn:
     """One unpaced new-file write in ``directory`` (removed after) until the drive has been in
-    its cliff long enough to read its pace there (:data:`WRITE_ON_WINDOW_S`), or ``cap``
+    its cliff long enough to read its pace there (:data:`WRITE_ON_AFTER_S`), or ``cap``
     bytes, or ``stop`` is set (an :class:`Interrupt` ends the write in progress). A drive
     below half ``fast`` from the first byte for ``in_cliff`` seconds is in its cliff from
     there: a cliff at 0 s, 0 bytes.
     ``unpaced``: read the cliff as after a write long past it (find_cliff's stall rule)."""
     point, began, ended = timed_write(directory, max(int(cap), 1 << 20),
-                                      stop_below=0.5 * fast, stop_after=WRITE_ON_WINDOW_S,
+                                      stop_below=0.5 * fast, stop_after=WRITE_ON_AFTER_S,
                                       stop=stop)
     timeline = point_timeline(point)
     cliff = find_cliff(timeline, unpaced=unpaced)
