@@ -725,6 +725,29 @@ def test_a_refill_waits_until_the_drive_has_left_its_cliff(monkeypatch, tmp_path
         assert nbytes / seconds == pytest.approx(drive["drain"], rel=0.03)
 
 
+def test_a_refill_whose_short_writes_took_the_room_is_no_reading(monkeypatch, tmp_path):
+    # After a short gap (0.3 s, 75 MB freed) the short write that tells whether the drive has
+    # left its cliff takes all the room, and the refill after it runs in the cliff from its
+    # first byte. A cliff read in such a write is not the refill's (on the emulator the
+    # throttle's bursts at the post-cache rate passed for one, and the reading came out at
+    # 1.3-1.65 x the drain): the same full cache is back, and a longer gap follows.
+    from flashstream.telemetry import refills
+
+    clock = _Clock()
+    monkeypatch.setattr(refills, "time", clock)
+    drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=250 * MB)
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+    attempts = []
+    readings, _full = refills.measure_refills(
+        tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=0.3,
+        cap=int(2e9), attempts=attempts)
+    assert [a["found"] for a in attempts][:2] == ["still in the cliff", "cliff"], attempts
+    assert attempts[0]["reading"] is None and attempts[1]["gap_s"] > attempts[0]["gap_s"]
+    assert len(readings) == 2
+    assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
+        drive["drain"], rel=0.05)
+
+
 @pytest.mark.skipif(__import__("flashstream.emulation", fromlist=["x"]).throttle_support() is None,
                     reason="needs root and a cgroup block-I/O controller")
 def test_writing_on_keeps_a_drive_with_a_small_margin_in_its_cliff(tmp_path):

@@ -83,16 +83,19 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # write, not write_on's chunks: at test scale (caches of a hundred MiB) the gaps
         # between chunks moved the cliffs enough to halve the recovery rate.
         again = refill_cliff(rows, fast)
-        # Slow from its first byte (below the midpoint of the two rates): the drive was still
-        # folding, as one that leaves its cliff only once it has freed a margin is after a
-        # short gap. The same full cache is back: a longer gap, not a reading.
-        slow = _in_cliff(point, fast, post)
+        # Slow from its first byte (its first LEAVE_PROBE_S below the midpoint of the two
+        # rates): the drive was still folding, as one that leaves its cliff only once it has
+        # freed a margin is after a short gap, or the short writes before it took what little
+        # room the gap had freed. The same full cache is back: a longer gap, not a reading.
+        # (A cliff found in such a write was the throttle's bursts at the post-cache rate:
+        # read as one, it put the reading at 1.3-1.65 x the drain.)
+        slow = _slow_start(point, fast, post)
         # Cancelled before its cliff (a save is waiting): maybe a moment from it, so the cache
         # counts as full at its end (the save then lets it drain first, checkpoint/pacing.py).
         # Counted as the drive's writes since the last save instead, spread over the whole
         # time, its bytes passed for drained, and the save met the cliff.
-        cut = stop is not None and stop.is_set() and again is None
-        slow = slow and not cut
+        cut = stop is not None and stop.is_set() and again is None and not slow
+        again = None if slow else again
         full = again is not None or slow or cut
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": refill_bytes, "seconds": written - began,
@@ -202,6 +205,21 @@ def _in_cliff(point, fast: float, post: float) -> bool:
     """Whether a write ran below the midpoint of the new-file and post-cache rates: the
     drive was in its cliff for most of it."""
     return point.bytes / max(point.seconds, 1e-9) < 0.5 * (fast + post)
+
+
+def _slow_start(point, fast: float, post: float) -> bool:
+    """Whether a write's first ``LEAVE_PROBE_S`` (all of it, if shorter) ran below the
+    midpoint of the new-file and post-cache rates: the drive was in its cliff from its first
+    byte."""
+    done, upto = 0.0, 0.0
+    for end, gbps in point.timeline:
+        done += gbps * 1e9 * (end - upto)
+        upto = end
+        if end >= LEAVE_PROBE_S - 1e-9:
+            break
+    if upto <= 0:
+        return _in_cliff(point, fast, post)
+    return done / upto < 0.5 * (fast + post)
 
 
 #: Seconds of writing that tell whether a drive has left its cliff before a refill.
