@@ -725,6 +725,29 @@ def test_a_refill_waits_until_the_drive_has_left_its_cliff(monkeypatch, tmp_path
         assert nbytes / seconds == pytest.approx(drive["drain"], rel=0.03)
 
 
+def test_writing_on_takes_at_most_half_the_free_space(monkeypatch, tmp_path):
+    # One file, where chunks freed theirs as they went: a checkpoint's size in scratch at
+    # once could fill the disk its checkpoints need.
+    import collections
+
+    from flashstream.telemetry import write_on
+    from flashstream.telemetry.probe import ProbePoint
+
+    asked = []
+
+    def timed_write(directory, nbytes, **_kw):
+        asked.append(nbytes)
+        rows = tuple((0.01 * (k + 1), 1.0) for k in range(100))
+        return ProbePoint("write", "seq", 1 << 20, 8, nbytes, 1.0, 1, True, {}, rows), 0.0, 1.0
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(write_on, "timed_write", timed_write)
+    monkeypatch.setattr(write_on.shutil, "disk_usage", lambda _d: usage(100e9, 90e9, 10e9))
+    write_on.write_on_to_cliff(tmp_path, fast=1e9, cap=50e9)
+    write_on.write_on_to_cliff(tmp_path, fast=1e9, cap=2e9)
+    assert asked == [int(5e9), int(2e9)]
+
+
 def test_a_refill_whose_short_writes_took_the_room_is_no_reading(monkeypatch, tmp_path):
     # After a short gap (0.3 s, 75 MB freed) the short write that tells whether the drive has
     # left its cliff takes all the room, and the refill after it runs in the cliff from its

@@ -80,8 +80,8 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         gap, ended = (first if first is not None else began) - ended, written
         # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
         # second half to give the post-cache rate the stall rule measures against. One
-        # write, not write_on's chunks: at test scale (caches of a hundred MiB) the gaps
-        # between chunks moved the cliffs enough to halve the recovery rate.
+        # write, not chunks: at test scale (caches of a hundred MiB) the gaps between chunks
+        # moved the cliffs enough to halve the recovery rate.
         again = refill_cliff(rows, fast)
         # Slow from its first byte (its first LEAVE_PROBE_S below the midpoint of the two
         # rates): the drive was still folding, as one that leaves its cliff only once it has

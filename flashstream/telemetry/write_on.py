@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import threading
 import time
 from typing import List, Optional, Tuple, Union
@@ -43,6 +44,8 @@ WRITE_ON_AFTER_S = CLIFF_HOLD_S + 0.5 + 0.15
 #: in its cliff already (the save met it in its last requests): writing on ends
 #: ``WRITE_ON_AFTER_S`` after its start then, and its timeline leaves out the last interval.
 IN_CLIFF_S = CLIFF_HOLD_S + 0.5
+#: The most of the free space writing on's file may take.
+FREE_SHARE = 0.5
 
 
 #: A write given ``stop_below`` ends this many seconds after it last ran that fast: where
@@ -120,11 +123,14 @@ def write_on_to_cliff(directory: Union[str, os.PathLike], *, fast: float, cap: f
                       unpaced: bool = True) -> WriteOn:
     """One unpaced new-file write in ``directory`` (removed after) until the drive has been in
     its cliff long enough to read its pace there (:data:`WRITE_ON_AFTER_S`), or ``cap``
-    bytes, or ``stop`` is set (an :class:`Interrupt` ends the write in progress). A drive
-    below half ``fast`` from the first byte for ``in_cliff`` seconds is in its cliff from
-    there: a cliff at 0 s, 0 bytes.
+    bytes (at most ``FREE_SHARE`` of the free space), or ``stop`` is set (an
+    :class:`Interrupt` ends the write in progress). A drive below half ``fast`` from the
+    first byte for ``in_cliff`` seconds is in its cliff from there: a cliff at 0 s, 0 bytes.
     ``unpaced``: read the cliff as after a write long past it (find_cliff's stall rule)."""
-    point, began, ended = timed_write(directory, max(int(cap), 1 << 20),
+    # One file, so at most a share of the free space: chunks freed theirs as they went, and a
+    # checkpoint's size in scratch at once could fill the disk its checkpoints need.
+    size = min(int(cap), int(FREE_SHARE * shutil.disk_usage(directory).free))
+    point, began, ended = timed_write(directory, max(size, 1 << 20),
                                       stop_below=0.5 * fast, stop_after=WRITE_ON_AFTER_S,
                                       stop=stop)
     timeline = point_timeline(point)
