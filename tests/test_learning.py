@@ -672,6 +672,23 @@ def _refilling_drive(clock, *, cache, fast, post, drain, margin=0.0, step=0.01, 
     return timed_write
 
 
+def _refills_on(monkeypatch, tmp_path, drive, *, idle=1.0, cap=int(2e9), post=None,
+                **kwargs):
+    """measure_refills on a fake drive (:func:`_refilling_drive`) and a virtual clock, from a
+    cache full now: its readings, when it was last full, its attempts, and the clock.
+    ``post``: the post-cache rate the learner believes (default the drive's)."""
+    from flashstream.telemetry import refills
+
+    clock = _Clock()
+    monkeypatch.setattr(refills, "time", clock)
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+    attempts = []
+    readings, full_since = refills.measure_refills(
+        tmp_path, fast=drive["fast"], post=post or drive["post"], full_at=clock.now, idle=idle,
+        cap=cap, attempts=attempts, **kwargs)
+    return readings, full_since, attempts, clock
+
+
 def test_the_second_refill_waits_only_for_the_difference_it_needs(monkeypatch, tmp_path):
     # The next save may come during the refills, and one that finds the drive in the cliff
     # the last refill reached stays there until the drive frees its margin: after a save the
@@ -709,14 +726,8 @@ def test_a_refill_waits_until_the_drive_has_left_its_cliff(monkeypatch, tmp_path
     # drain's, and its writes at the post-cache rate kept the drive in the cliff.
     from flashstream.telemetry import refills
 
-    clock = _Clock()
-    monkeypatch.setattr(refills, "time", clock)
     drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=250 * MB, margin=300 * MB)
-    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
-    attempts = []
-    readings, _full = refills.measure_refills(
-        tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=1.0,
-        cap=int(2e9), attempts=attempts)
+    readings, _full, attempts, _clock = _refills_on(monkeypatch, tmp_path, drive)
     assert [a["found"] for a in attempts] == ["cliff", "cliff"]
     assert attempts[0]["probes_bytes"] > 0
     assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
@@ -756,14 +767,8 @@ def test_a_refill_whose_short_writes_took_the_room_is_no_reading(monkeypatch, tm
     # 1.3-1.65 x the drain): the same full cache is back, and a longer gap follows.
     from flashstream.telemetry import refills
 
-    clock = _Clock()
-    monkeypatch.setattr(refills, "time", clock)
     drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=250 * MB)
-    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
-    attempts = []
-    readings, _full = refills.measure_refills(
-        tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=0.3,
-        cap=int(2e9), attempts=attempts)
+    readings, _full, attempts, _clock = _refills_on(monkeypatch, tmp_path, drive, idle=0.3)
     assert [a["found"] for a in attempts][:2] == ["still in the cliff", "cliff"], attempts
     assert attempts[0]["reading"] is None and attempts[1]["gap_s"] > attempts[0]["gap_s"]
     assert len(readings) == 2
@@ -872,14 +877,9 @@ def test_a_refill_that_runs_out_of_bytes_before_its_cliff_writes_on(monkeypatch,
     # took 10-25 x the shortest): the refill writes on until its cliff.
     from flashstream.telemetry import refills
 
-    clock = _Clock()
-    monkeypatch.setattr(refills, "time", clock)
     drive = dict(cache=3e9, fast=1e9, post=200 * MB, drain=400 * MB)
-    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
-    attempts = []
-    readings, full_since = refills.measure_refills(
-        tmp_path, fast=drive["fast"], post=100 * MB, full_at=clock.now, idle=1.0,
-        cap=int(4e9), attempts=attempts, cache=drive["cache"])
+    readings, full_since, attempts, clock = _refills_on(
+        monkeypatch, tmp_path, drive, post=100 * MB, cap=int(4e9), cache=drive["cache"])
     assert [a["found"] for a in attempts] == ["cliff", "cliff"]
     assert attempts[0]["bytes"] > refills._refill_size(1.0, drive["fast"], 100 * MB)
     assert full_since == clock.now

@@ -78,11 +78,6 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
             probed -= sum(r[1] for r in lead)
             since = last_began - ended
         gap, ended = (first if first is not None else began) - ended, written
-        # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
-        # second half to give the post-cache rate the stall rule measures against. One
-        # write, not chunks: at test scale (caches of a hundred MiB) the gaps between chunks
-        # moved the cliffs enough to halve the recovery rate.
-        again = refill_cliff(rows, fast)
         # Slow from its first byte (its first LEAVE_PROBE_S below the midpoint of the two
         # rates): the drive was still folding, as one that leaves its cliff only once it has
         # freed a margin is after a short gap, or the short writes before it took what little
@@ -90,12 +85,16 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         # (A cliff found in such a write was the throttle's bursts at the post-cache rate:
         # read as one, it put the reading at 1.3-1.65 x the drain.)
         slow = _slow_start(point, fast, post)
+        # Not unpaced=True: a refill ends about a second past its cliff, too soon for its
+        # second half to give the post-cache rate the stall rule measures against. One
+        # write, not chunks: at test scale (caches of a hundred MiB) the gaps between chunks
+        # moved the cliffs enough to halve the recovery rate.
+        again = None if slow else refill_cliff(rows, fast)
         # Cancelled before its cliff (a save is waiting): maybe a moment from it, so the cache
         # counts as full at its end (the save then lets it drain first, checkpoint/pacing.py).
         # Counted as the drive's writes since the last save instead, spread over the whole
         # time, its bytes passed for drained, and the save met the cliff.
         cut = stop is not None and stop.is_set() and again is None and not slow
-        again = None if slow else again
         full = again is not None or slow or cut
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": refill_bytes, "seconds": written - began,
@@ -134,8 +133,8 @@ def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: float, f
     first write's ProbePoint, the joined timeline (:func:`point_timeline`, on the first
     write's clock), when (time.monotonic()) the first began and the last request completed,
     and the bytes written."""
-    point, began, ended = timed_write(directory, size, stop_below=_stop_below(fast, post),
-                                      stop=stop)
+    below = _stop_below(fast, post)
+    point, began, ended = timed_write(directory, size, stop_below=below, stop=stop)
     rows, nbytes, asked, more = point_timeline(point), point.bytes, size, point
     for _ in range(MORE_WRITES):
         ran_out = more.bytes >= asked and (stop is None or not stop.is_set())
@@ -144,8 +143,7 @@ def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: float, f
         asked = int(min(2 * asked, cap - nbytes))
         if asked < (1 << 20):
             break
-        more, start, ended = timed_write(directory, asked, stop_below=_stop_below(fast, post),
-                                         stop=stop)
+        more, start, ended = timed_write(directory, asked, stop_below=below, stop=stop)
         rows += [(end + start - began, b, pace) for end, b, pace in point_timeline(more)]
         nbytes += more.bytes
     return point, rows, began, ended, nbytes
@@ -211,15 +209,12 @@ def _slow_start(point, fast: float, post: float) -> bool:
     """Whether a write's first ``LEAVE_PROBE_S`` (all of it, if shorter) ran below the
     midpoint of the new-file and post-cache rates: the drive was in its cliff from its first
     byte."""
-    done, upto = 0.0, 0.0
-    for end, gbps in point.timeline:
-        done += gbps * 1e9 * (end - upto)
-        upto = end
-        if end >= LEAVE_PROBE_S - 1e-9:
-            break
-    if upto <= 0:
+    rows = point_timeline(point)
+    first = rows[:next((k + 1 for k, r in enumerate(rows) if r[0] >= LEAVE_PROBE_S - 1e-9),
+                       len(rows))]
+    if not first or first[-1][0] <= 0:
         return _in_cliff(point, fast, post)
-    return done / upto < 0.5 * (fast + post)
+    return sum(r[1] for r in first) / first[-1][0] < 0.5 * (fast + post)
 
 
 #: Seconds of writing that tell whether a drive has left its cliff before a refill.
