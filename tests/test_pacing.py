@@ -248,6 +248,22 @@ def test_find_cliff_reads_the_drop_and_the_rate_after_it():
     assert find_cliff(_timeline([100e6] * 50, pace=100e6)) is None  # paced, at its pace
 
 
+@pytest.mark.parametrize("past", [0.5, 0.6, 0.8])
+def test_a_write_that_ends_soon_after_its_cliff_reads_it_where_it_came(past):
+    """As the emulated drive writes: 3 GB/s in 20 ms intervals with an empty one every 100 ms
+    (the block-I/O throttle's slices), the cliff at 0.5 s, then the post-cache rate of
+    0.75 GB/s in bursts every other 60 ms, the write ending ``past`` seconds after its cliff
+    (a save or a refill that stops soon after it). The line after the cliff was fitted to the
+    few points past the hold, where the write was ending, or to all of it but its first
+    interval: the cliff came out 0.3 GB late (a third of the cache this drive would have)."""
+    rates = [0.0 if k % 5 == 4 else 3.75e9 for k in range(25)]
+    rates += [1.5e9 if (k // 3) % 2 == 0 else 0.0 for k in range(round(past / 0.02))]
+    cliff = find_cliff(_timeline(rates, 0.02) + [(0.5 + past + 0.02, 0.0, 0.0)])
+    assert cliff is not None
+    assert cliff.seconds == pytest.approx(0.5, abs=0.03)
+    assert cliff.bytes_before == pytest.approx(1.5e9, rel=0.04)
+
+
 @pytest.mark.parametrize("hold", [10, 16, 20])
 def test_the_refined_cliff_never_falls_inside_the_stall_before_it(hold):
     """A write that stalls (0.3 s), writes fast for 80 ms and meets its cliff, then stalls

@@ -6,6 +6,7 @@ saves and the emulator's tests."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
@@ -154,10 +155,17 @@ def _refined(rows, i: int, run: int, start: float, done: float,
         total += bps * (e - s)
         points.append((e, total))
     before, after = points[floor:i + 1], points[i + 1 + run:]
-    if len(before) < 3 or len(after) < 3:
-        after = points[i + 2:]  # a short write past its cliff: all of it but its first interval
-        if len(before) < 3 or len(after) < 3:
+    if len(before) < 3 or len(after) < max(3, run):
+        # A short write past its cliff (a save or a refill that ended within a second of
+        # it): the split where two lines fit it best. (The line after was fitted to the few
+        # points past the hold, where the write was ending, or to all of it but its first
+        # interval, taking in the fast run between a throttle gap read as the first low
+        # interval and the cliff: a save 0.5 s into its cliff read the cliff 0.3 GB late,
+        # and the cache was sized that much too large.)
+        split = _bend(points, floor, i)
+        if split is None:
             return start, done
+        before, after = points[floor:split + 1], points[split + 1:]
     fast = statistics.linear_regression(*zip(*before))
     slow = statistics.linear_regression(*zip(*after))
     if fast.slope <= slow.slope:
@@ -168,6 +176,25 @@ def _refined(rows, i: int, run: int, start: float, done: float,
     if not max(start - width, before[0][0]) <= meet <= start + width or at <= 0:
         return start, done
     return meet, at
+
+
+def _bend(points, floor: int, low: int) -> Optional[int]:
+    """The point, from the first low interval ``low`` on, after which a second straight line
+    fits the bytes completed over time (``points``, from ``floor``) with the least squared
+    error of the two lines together; None where either side would hold fewer than 3 points."""
+    best, split = math.inf, None
+    for k in range(max(low, floor + 2), len(points) - 3):
+        error = _line_error(points[floor:k + 1]) + _line_error(points[k + 1:])
+        if error < best:
+            best, split = error, k
+    return split
+
+
+def _line_error(points) -> float:
+    """The squared error of the straight line fitted to ``points``."""
+    xs, ys = zip(*points)
+    line = statistics.linear_regression(xs, ys)
+    return sum((y - line.intercept - line.slope * x) ** 2 for x, y in points)
 
 
 # A stall in the cliff: this many seconds in a row below this share of the cliff's mean rate
