@@ -664,7 +664,7 @@ def test_a_refill_ends_soon_after_its_cliff(tmp_path):
     once a window twice that long averaged below the midpoint, it had to fill the window first
     and wrote on in its cliff for over a second."""
     from flashstream.emulation import DriveEmulator
-    from flashstream.telemetry.refills import _stop_below
+    from flashstream.telemetry.refills import stop_below
     from flashstream.telemetry.write_on import STOP_AFTER_S, point_timeline, timed_write
 
     settings = DriveSettings(cache_size=96 * MiB, post_cache_rate=60e6, drain_rate=60e6,
@@ -673,7 +673,7 @@ def test_a_refill_ends_soon_after_its_cliff(tmp_path):
     os.sync()  # earlier tests' dirty pages would be another writer
     with DriveEmulator(tmp_path, settings) as drive:
         drive.add_process()
-        below = _stop_below(settings.fast_rate, settings.post_cache_rate)
+        below = stop_below(settings.fast_rate, settings.post_cache_rate)
         point, _began, _ended = timed_write(tmp_path, asked, stop_below=below)
         time.sleep(0.4)  # frees 24 MB: the next refill meets its cliff after about 0.2 s
         soon, _began, _ended = timed_write(tmp_path, asked, stop_below=below)

@@ -4,9 +4,9 @@ that measured it (checkpoint/save_control.py).
 Every save refreshes the drive's write model from its own timeline
 (``telemetry.write_learning.learn_from_save``: rates only from stretches the drive set). A save
 that met its cliff while measuring wrote on in it unpaced, so the drive's cache was full when
-its data ended: the writer's thread then refills the cache twice, after idle gaps, with new
-files it removes (``learn_after_save``), which gives the recovery rate and, with it, the cache
-size. That runs after the save's commit, and a new save interrupts it: the refill write in
+its data ended: the writer's thread then refills the cache once, after an idle gap, with a
+new file it removes (``learn_after_save``), which gives the recovery rate and, with it, the
+cache size. That runs after the save's commit, and a new save interrupts it: the refill write in
 progress stops issuing at once (``telemetry.write_on.Interrupt``), and the rest is dropped.
 """
 
@@ -101,7 +101,7 @@ class DriveLearner:
     def learn(self, model: WriteModel, controller: SaveController, data: dict, *, total: int,
               start_fill: float, ended: float, written_since: float, began: float,
               full_at: float, deadline: Optional[float]) -> Dict[str, object]:
-        """Refresh the drive's write model from this save (and start the refills after it
+        """Refresh the drive's write model from this save (and start the refill after it
         where it measured the drive); what the pacing did, for the report. ``began`` /
         ``ended``: time.time() when the data write began and ended; ``full_at``:
         time.monotonic() when it ended."""
@@ -113,7 +113,7 @@ class DriveLearner:
             if model.how("cache_size") in (MEASURED, ESTIMATED) else None
         planned_drain = model.planning_recovery
         def fill_then(drain: float) -> float:
-            """The fill this save began from, by the drain the refills measure."""
+            """The fill this save began from, by the drain the refill measures."""
             if not prior[1]:
                 return 0.0  # nothing known before: a drive seen for the first time
             return drained(prior[0] + written_since, drain, began - prior[1])
@@ -159,7 +159,7 @@ class DriveLearner:
         if cliff is not None and ends_full:
             # Where the cliff came too near the save's end for this save to give the drive's
             # pace in it (not even a bound that moved the model's figure, which may be the one
-            # the cliff just contradicted), writing on reads it first; the refills follow
+            # the cliff just contradicted), writing on reads it first; the refill follows
             # either way. Writing on costs the gap before the next save a second or two.
             read_here = (cliff.rate is not None and cliff.rate_seconds >= MIN_RATE_SECONDS
                          ) or model.post_cache_rate != post_before

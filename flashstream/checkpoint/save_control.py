@@ -23,11 +23,11 @@ drive's written bytes, and sets the pace, in one of two modes:
     after save, on the emulated drives of benchmarks/checkpoint.py --learning.) A save that
     ends before it left the cliff ends with the cache full: refills follow it. So does one
     whose model has unconfirmed figures (``probe``): it writes on in the cliff to its end,
-    and the refills confirm them all, where leaving the cliff left the cache size to the
+    and the refill confirms them all, where leaving the cliff left the cache size to the
     next save, which measured it in a cliff of its own.
 
   Written unpaced into its cliff to its end, a save leaves the drive's cache full; the writer
-  then measures the recovery rate with two refills (``telemetry.write_learning.
+  then measures the recovery rate with a refill (``telemetry.write_learning.
   learn_after_save``).
 """
 
@@ -119,7 +119,7 @@ class SaveController:
         """From now on, write unpaced: the drive sets the pace, and the model learns it."""
         self.measuring, self.measured_from = why, elapsed
         # After a cliff the model did not predict, it leaves the cliff (_leave_cliff), unless
-        # figures are unconfirmed: then the refills after it confirm them (the docstring).
+        # figures are unconfirmed: then the refill after it confirms them (the docstring).
         self.ends_full = why != UNPREDICTED_CLIFF or bool(self.probe)
         self.control.rate = 0.0
         log.info("flashstream: this checkpoint measures the drive from %.2f s: %s", elapsed,

@@ -10,8 +10,8 @@ import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["CLIFF_HOLD_S", "Cliff", "Timeline", "drive_limited", "find_cliff", "intervals",
-           "mean_rate"]
+__all__ = ["CLIFF_HOLD_S", "Cliff", "FAST_WINDOW_S", "Timeline", "drive_limited", "fast_until",
+           "find_cliff", "intervals", "mean_rate"]
 
 # (end of interval s, bytes completed in it, pacing rate in force, 0 = unpaced)
 Timeline = Sequence[Tuple[float, float, float]]
@@ -265,6 +265,31 @@ def drive_limited(rows, slack: float = 1.2, window: float = DRIVE_WINDOW_S) -> l
             judge()
     judge()
     return out
+
+
+#: Seconds of writing judged together by :func:`fast_until`: the block-I/O throttle passes a
+#: writer at the new-file rate in slices, with an empty 20 ms interval every 100 ms.
+FAST_WINDOW_S = 0.1
+
+
+def fast_until(timeline: Timeline, below: float) -> Optional[Tuple[float, float]]:
+    """The end of the last ``FAST_WINDOW_S`` of a write's ``timeline`` that ran at ``below``
+    bytes/s or faster on average, and the bytes completed by then: where a write cut off (or
+    ended) before its cliff could be seen was last out of it (a drop shows at once, where a
+    cliff is only confirmed after ``CLIFF_HOLD_S``). None where no window ran that fast."""
+    points, total = [(0.0, 0.0)], 0.0
+    for end, nbytes, _pace in timeline:
+        total += nbytes
+        points.append((float(end), total))
+    last, k = None, 0
+    for end, done in points[1:]:
+        while k + 1 < len(points) and points[k + 1][0] <= end - FAST_WINDOW_S + 1e-9:
+            k += 1
+        start = points[k]
+        if start[0] <= end - FAST_WINDOW_S + 1e-9 and (done - start[1]) >= below * (
+                end - start[0]):
+            last = (end, done)
+    return last
 
 
 def mean_rate(rows) -> float:

@@ -11,11 +11,11 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-from .cliff import CLIFF_HOLD_S, find_cliff, intervals, mean_rate
+from .cliff import fast_until, find_cliff, intervals, mean_rate
 from .write_on import point_timeline, timed_write
 
 __all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "refill_cliff",
-           "refill_drain", "second_gap", "two_readings"]
+           "refill_drain", "second_gap", "stop_below", "two_readings"]
 
 
 MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill
@@ -26,8 +26,8 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
                     attempts: Optional[List[dict]] = None,
-                    difference: Optional[float] = None, cache: Optional[float] = None
-                    ) -> Tuple[List[Tuple[float, float]], Optional[float]]:
+                    difference: Optional[float] = None, cache: Optional[float] = None,
+                    readings: int = 2) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
     gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
     bytes up to the cliff again, once short writes have found the drive out of its cliff
@@ -43,11 +43,13 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
     about to reach. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
     found), for reports. ``cache``: the cache's size as far as known; a refill that wrote
     less than it and met no cliff was sized too small and writes on (:func:`_write_to_cliff`),
-    one that wrote more found the cache drained completely (None: never writes on)."""
+    one that wrote more found the cache drained completely (None: never writes on).
+    ``readings``: 1 ends after the first reading (after a save: the next may come any
+    time)."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
     full, ended = True, full_at
-    while len(refills) < 2:
+    while len(refills) < readings:
         progress(f"idle {wait:.1f} s, then a write up to the cliff again")
         pause = max(0.0, wait - (time.monotonic() - ended))
         if stop is None:
@@ -98,7 +100,8 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         full = again is not None or slow or cut
         if attempts is not None:
             attempts.append({"gap_s": gap, "bytes": refill_bytes, "seconds": written - began,
-                             "drain_at_least": cut_bound(rows, since, probed) if cut else None,
+                             "drain_at_least": cut_bound(rows, since, probed, fast, post)
+                             if cut else None,
                              "probes_bytes": probed + sum(r[1] for r in rows) - refill_bytes,
                              "found": "cliff" if again else "still in the cliff" if slow
                              else "cut short" if cut else "no cliff",
@@ -133,7 +136,7 @@ def _write_to_cliff(directory: Union[str, os.PathLike], size: int, cap: float, f
     first write's ProbePoint, the joined timeline (:func:`point_timeline`, on the first
     write's clock), when (time.monotonic()) the first began and the last request completed,
     and the bytes written."""
-    below = _stop_below(fast, post)
+    below = stop_below(fast, post)
     point, began, ended = timed_write(directory, size, stop_below=below, stop=stop)
     rows, nbytes, asked, more = point_timeline(point), point.bytes, size, point
     for _ in range(MORE_WRITES):
@@ -185,18 +188,18 @@ def _comeback(rows: Sequence[Tuple[float, float, float]], drop: float, fast: flo
     return None
 
 
-def cut_bound(rows: Sequence[Tuple[float, float, float]], since: float, before: float
-              ) -> Optional[float]:
+def cut_bound(rows: Sequence[Tuple[float, float, float]], since: float, before: float,
+              fast: float, post: float) -> Optional[float]:
     """The least recovery rate a refill cut short before its cliff showed: every byte it
-    wrote up to ``CLIFF_HOLD_S`` before its end (a cliff nearer the end than that cannot be
-    seen) went into room the drive had freed since the cache was full, ``since`` seconds
-    before the refill's timeline ``rows`` began, ``before`` bytes written meanwhile. None
-    where it ran too short to say."""
-    end = rows[-1][0] if rows else 0.0
-    upto = end - CLIFF_HOLD_S
-    if upto <= 0 or since + upto <= 0:
+    wrote while it still ran above the midpoint of the new-file and post-cache rates (up to
+    the end of its last ``FAST_WINDOW_S`` that did: :func:`~flashstream.telemetry.cliff.
+    fast_until`) went into room the drive had freed since the cache was full, ``since``
+    seconds before the refill's timeline ``rows`` began, ``before`` bytes written meanwhile.
+    None where it never ran fast."""
+    upto = fast_until(rows, stop_below(fast, post))
+    if upto is None or since + upto[0] <= 0:
         return None
-    return (before + sum(nbytes for t, nbytes, _p in rows if t <= upto)) / (since + upto)
+    return (before + upto[1]) / (since + upto[0])
 
 
 def _in_cliff(point, fast: float, post: float) -> bool:
@@ -325,7 +328,7 @@ def _usable(refills: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]
     return sorted((t, b) for t, b in refills if t > 0 and b > 0)
 
 
-def _stop_below(fast: float, post: float) -> float:
+def stop_below(fast: float, post: float) -> float:
     """The rate below which a refill has met its cliff: midway between the fast and the
     post-cache rate (a post-cache rate known too high counts as at most half the fast one)."""
     return 0.5 * (fast + min(post, 0.5 * fast))

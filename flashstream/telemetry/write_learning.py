@@ -7,7 +7,7 @@
   drive_limited`): a paced stretch shows the pacer, and at most gives a lower bound.
 - :func:`learn_after_save`: after a save that measured the drive on purpose (the first on an
   unknown drive, one that met a cliff its model did not predict, one whose model was stale:
-  checkpoint/pacing.py) and so left its cache full, two refills give the recovery rate.
+  checkpoint/pacing.py) and so left its cache full, one refill gives the recovery rate.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Callable, List, Optional, Union
 from ..sizes import Size, format_size, parse_size
 from .cliff import (
     CLIFF_HOLD_S,
+    FAST_WINDOW_S,
     Cliff,
     Timeline,
     drive_limited,
+    fast_until,
     find_cliff,
     intervals,
     mean_rate,
@@ -33,6 +35,7 @@ from .refills import (
     MAX_IDLE,
     measure_refills,
     refill_drain,
+    stop_below,
     two_readings,
 )
 from .write_model import (
@@ -57,14 +60,16 @@ __all__ = ["MIN_RATE_SECONDS", "drain_from_cliff", "drain_lower_bound", "drive_w
 #: measurement: the block-I/O throttle and the drive's own folding come in slices of up to a
 #: tenth of a second, so a few intervals can hold a stall or a burst.
 MIN_RATE_SECONDS = 0.5
-#: After a save, the share of the cache the second refill's reading should take more than the
-#: first's (telemetry/refills.py ``second_gap``). The next save may come during the refills:
-#: one that finds the drive in the cliff the last refill reached stays there until the drive
-#: has freed its margin. Three times the first gap (as the probe waits) gave differences of
-#: 0.6 x the cache, and the second refill's cliff often came just before the next save;
-#: half the cache keeps the cliff's placement error (the emulator's 50 ms steps at the
-#: new-file rate) to several percent of the difference.
-AFTER_SAVE_DIFFERENCE = 0.45
+#: After a save, the idle gap before its one refill, in seconds per byte of the cache at the
+#: post-cache rate: long enough that a drive folding at half its post-cache rate has freed
+#: more than the largest margin it leaves its cliff at (a quarter of the cache in the family
+#: of docs/emulation.md), short enough that one folding at 1.6 x has not drained completely.
+#: One refill, not two: the next save may come any time after this one, and one that finds
+#: the drive in the cliff a refill just reached stays there until the drive has freed its
+#: margin (most of the saves in the cliff after learning were such). One reading has the
+#: cliff's detection lag in it, an estimate that pacing counts on less of; after a fifth of
+#: the cache's drain time, the first refill was still in the cliff on most drives.
+AFTER_SAVE_GAP = 0.55
 
 def drive_write_rate(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> float:
     """The drive's new-file write bytes/s: remembered, else measured (a 1 GiB write, at most
@@ -243,8 +248,9 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
                      stop: Optional[threading.Event] = None,
                      attempts: Optional[List[dict]] = None) -> Optional[float]:
     """After a save that met its cliff and wrote on in it unpaced (so it left the cache full at
-    ``full_at``, time.monotonic()): two refills of the cache (:func:`measure_refills`, new
-    files of at most ``cap`` bytes in ``directory``, removed after) give the recovery rate;
+    ``full_at``, time.monotonic()): one refill of the cache after ``AFTER_SAVE_GAP``
+    (:func:`measure_refills`, new files of at most ``cap`` bytes in ``directory``, removed
+    after) gives the recovery rate, an estimate;
     with it, the cache size from the save's ``cliff`` and the fill the save began from
     (``start_fill(drain)``: it depends on the drain). Returns the recovery rate (None: not
     measured; the model is unchanged then). ``stop``: give up between steps once set (a new
@@ -256,16 +262,15 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     attempts = [] if attempts is None else attempts
     refills, full_since = measure_refills(directory, fast=model.fast_rate, post=post,
                                           full_at=full_at,
-                                          idle=min(MAX_IDLE, 0.2 * guess / post),
+                                          idle=min(MAX_IDLE, AFTER_SAVE_GAP * guess / post),
                                           cap=cap, stop=stop, attempts=attempts,
-                                          difference=AFTER_SAVE_DIFFERENCE * guess,
-                                          cache=guess)
+                                          cache=guess, readings=1)
     drain = refill_drain(refills, model.fast_rate)
-    # No reading, but a refill the next save cut short before its cliff took so many bytes
-    # in so many seconds: the drain is at least that, if the cache was full when the last
-    # write ended; one that left its cliff between chunks of writing on had room left, so
-    # it counts with an estimate's margin (it came out 0.94 and 1.14 x the drive's). (Assumed
-    # instead, at the slow end of drives, it made every save after take 3-4.5 x the shortest.)
+    # No reading, but a refill the next save cut short before its cliff wrote so many bytes
+    # while it still ran fast, so many seconds after the cache was full: the drain is at
+    # least that (refills.cut_bound). It counts with an estimate's margin: the last fast
+    # stretch may hold a moment past the cliff before the drive slowed. (Assumed instead, at
+    # the slow end of drives, it made every save after take 3-6.5 x the shortest.)
     bound = ESTIMATE_SHARE * max(
         (a["drain_at_least"] for a in attempts if a.get("drain_at_least")), default=0.0)
     if drain is None and bound > (model.recovery_rate or 0.0):
@@ -330,6 +335,19 @@ def drain_from_cliff(cache_size: float, start_fill: Callable[[float], float], cl
     return 0.5 * (low + high) or None
 
 
+def _last_fast(timeline: Timeline, fast: Optional[float], post: Optional[float]
+               ) -> Optional[tuple]:
+    """Where an unpaced write last ran fast (``fast_until``, above the midpoint of the two
+    rates), as (seconds, bytes); None where it was paced in its last window or the rates are
+    unknown."""
+    if not (fast and post) or not timeline:
+        return None
+    tail = [r for r in timeline if r[0] >= timeline[-1][0] - FAST_WINDOW_S - 0.05]
+    if any(r[2] > 0 for r in tail):
+        return None  # paced: the pacer, not the drive, set how fast it ran
+    return fast_until(timeline, stop_below(fast, post))
+
+
 def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float, total: float,
                      *, start_fill: Optional[Callable[[float], float]] = None,
                      save_seconds: Optional[float] = None,
@@ -367,11 +385,17 @@ def learn_written_on(model: WriteModel, timeline: Timeline, found, offset: float
         model.save()
         return None
     seen = found.cliff
-    at = offset + seen.seconds
+    at, before = offset + seen.seconds, total + seen.bytes_before
     if found.from_start and save_seconds is not None:
         at = min(at, save_seconds)
-    cliff = known or Cliff(at, total + seen.bytes_before, seen.rate,
-                           seen.fast_rate or model.fast_rate, seen.rate_seconds)
+        # Met in the save's last requests, too near its end to be confirmed there: where the
+        # save last ran fast, it was not in it yet. (At the save's end, every byte the drive
+        # took at its post-cache rate after the cliff counted into the cache: 6-12% over.)
+        last = _last_fast(timeline, model.fast_rate, seen.rate or model.post_cache_rate)
+        if last is not None and last[0] < at:
+            at, before = last
+    cliff = known or Cliff(at, before, seen.rate, seen.fast_rate or model.fast_rate,
+                           seen.rate_seconds)
     rows = [(offset + a, offset + b, bps, pace) for a, b, bps, pace in intervals(found.timeline)]
     # The save's cliff, read on past its end: a long enough reading is the drive's rate,
     # whatever the model said (the cliff may just have contradicted it); a short one only
