@@ -28,24 +28,23 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     attempts: Optional[List[dict]] = None,
                     difference: Optional[float] = None, cache: Optional[float] = None,
                     readings: int = 2) -> Tuple[List[Tuple[float, float]], Optional[float]]:
-    """Two refills of a cache left full at ``full_at`` (time.monotonic()): each after an idle
-    gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at most ``cap``
-    bytes up to the cliff again, once short writes have found the drive out of its cliff
-    (:func:`_leave_cliff`). ``difference``: bytes the second reading should take more than the
-    first, and no more (a save may come any time: :func:`second_gap`). A refill slow from its
-    first byte found the drive still folding (one that leaves its cliff only once it has freed
-    a margin): the same full cache is back, so it is repeated after twice the gap. Returns the
-    readings for
-    :func:`refill_drain` and when (time.monotonic()) the cache was last full, where it was left
-    so (the last write's end; ``full_at`` where none followed), else None. ``stop``: end early
-    (between writes) once set; an ``Interrupt`` (telemetry/write_on.py) ends the write in
-    progress too, so that a save waiting for it does not start in the cliff the write was
-    about to reach. ``attempts``: gets a dict per refill (its gap, bytes, seconds, what it
-    found), for reports. ``cache``: the cache's size as far as known; a refill that wrote
-    less than it and met no cliff was sized too small and writes on (:func:`_write_to_cliff`),
-    one that wrote more found the cache drained completely (None: never writes on).
-    ``readings``: 1 ends after the first reading (after a save: the next may come any
-    time)."""
+    """Two refills (``readings``) of a cache left full at ``full_at`` (time.monotonic()): each
+    after an idle gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at
+    most ``cap`` bytes up to the cliff again, once short writes have found the drive out of
+    its cliff (:func:`_leave_cliff`). ``difference``: bytes the second reading should take
+    more than the first, and no more (:func:`second_gap`). A refill slow from its first byte
+    found the drive still folding (one that leaves its cliff only once it has freed a
+    margin): the same full cache is back, so it is repeated after twice the gap. Returns the
+    readings for :func:`refill_drain` and when (time.monotonic()) the cache was last full,
+    where it was left so (the last write's end; ``full_at`` where none followed), else None.
+    ``stop``: end early (between writes) once set; an ``Interrupt`` (telemetry/write_on.py)
+    ends the write in progress too, so that a save waiting for it does not start in the
+    cliff the write was about to reach. ``attempts``: gets a dict per refill (its gap,
+    bytes, seconds, what it found), for reports. ``cache``: the cache's size as far as
+    known; a refill that wrote less than it and met no cliff was sized too small and writes
+    on (:func:`_write_to_cliff`), one that wrote more found the cache drained completely
+    (None: never writes on). ``readings``: 1 ends after the first reading (after a save: the
+    next may come any time)."""
     refills: List[Tuple[float, float]] = []
     wait, apart = idle, 3 * (idle if idle > 0 else 0.25)  # the second gap is `apart` longer
     full, ended = True, full_at
