@@ -21,6 +21,7 @@ from flashstream.emulation import (
     throttle_support,
 )
 from flashstream.emulation.cgroup import PREFIX, V1_ROOT, V2_ROOT
+from flashstream.emulation.model import BUSY_CARRY_S
 
 MiB = 1 << 20
 
@@ -53,6 +54,44 @@ def test_model_tapers_the_write_limit_near_full():
     model.step(99 * MiB, 0.0)
     # 1 MiB of room over the next 0.05 s: 20 MiB/s, not the fast rate.
     assert model.write_limit() == pytest.approx(20 * MiB)
+
+
+def test_a_throttle_that_releases_bursts_steps_down_half_a_burst_before_full():
+    """A kernel throttle lets ``limit x slice`` through at each new limit: a taper (each
+    step a new limit) let bursts through all the way to the full cache and beyond. The
+    limit steps straight from the fast to the post-cache rate, once the room left is half
+    a burst at the post-cache rate and half a step of writing; the drive is in its cliff
+    once that room is written, and a writer that stops short is let go a slice later."""
+    s = DriveSettings(cache_size=100 * MiB, post_cache_rate=40 * MiB, fast_rate=400 * MiB,
+                      fold_read_rate=4 * MiB)
+    lead = 0.5 * 40 * MiB * 0.1 + 0.5 * 4 * MiB  # half a burst, half a step at 400 MiB/s
+
+    def held_model():
+        model, limits = CacheModel(s, horizon=0.01, release=0.1), set()
+        while model.write_limit() != s.post_cache_rate:
+            limits.add(model.write_limit())
+            model.step(4 * MiB, 0.01)
+        assert limits == {s.fast_rate}  # no taper
+        room = s.cache_size - model.state.fill
+        assert lead - 4 * MiB < room <= lead and not model.state.cliff
+        return model, room
+
+    model, room = held_model()
+    model.step(room, 0.01)  # the throttle's first burst: the room is written
+    assert model.state.cliff and model.state.fill == s.cache_size
+    assert model.write_limit() == s.post_cache_rate
+
+    model, room = held_model()  # the writer stops: not in the cliff, let go after a slice
+    assert model.read_limit() == s.fold_read_rate
+    for _ in range(11):
+        model.step(0.0, 0.01)
+        assert not model.state.cliff
+    assert model.write_limit() == s.fast_rate
+
+    idle = CacheModel(s, horizon=0.01, release=0.1)  # idle steps never take hold
+    idle.step(s.cache_size - lead / 2, 0.0)
+    idle.step(0.0, 0.001)
+    assert idle.write_limit() == s.fast_rate
 
 
 def test_profiles_scale_to_the_drive_and_check_settings():
@@ -111,9 +150,10 @@ def test_a_steady_writer_in_bursts_keeps_the_cliff_full():
     assert model.state.cliff and model.state.fill == pytest.approx(s.cache_size, rel=1e-3)
     # A burst owes at most BUSY_CARRY_S of writing: a long stall after it is idle.
     model.step(100 * MiB, 0.05)
-    for _ in range(40):  # 2 s: 0.25 s of it written at the post-cache rate, the rest idle
+    for _ in range(40):  # 2 s: BUSY_CARRY_S of it written at the post-cache rate, the rest idle
         model.step(0.0, 0.05)
-    assert model.state.fill == pytest.approx(s.cache_size - 1.75 * 150 * MiB, rel=1e-3)
+    idle = 2 - BUSY_CARRY_S
+    assert model.state.fill == pytest.approx(s.cache_size - idle * 150 * MiB, rel=1e-3)
 
 
 def test_bursts_in_the_cliff_do_not_take_a_drive_with_a_small_margin_out_of_it():
@@ -201,6 +241,33 @@ def test_a_write_runs_at_the_post_cache_rate_once_the_cache_is_full(tmp_path):
     assert 0.75 * 40e6 < rate < 1.25 * 40e6, rate
     assert summary["cliff_seconds"] > 0.5
     assert _groups() == before  # the group is gone, the thread is back
+
+
+@needs_throttle
+def test_a_write_at_full_speed_reads_its_cliff_where_the_cache_is_full(tmp_path):
+    """The writer's bytes, not the emulator's flag, place the cliff: an unpaced write from an
+    empty cache runs fast until the cache holds ``cache_size`` (plus what folded meanwhile),
+    however the throttle releases its bursts. With the limit rewritten only at the full
+    cache, each write ran fast for a burst (``post_cache_rate`` x the kernel's slice) and a
+    reaction beyond it, and read the cache 7-11% large here (34-114 MB on 1 GiB emulated
+    caches): a save paced to that cache met its cliff unseen."""
+    from flashstream.emulation import DriveEmulator
+    from flashstream.telemetry.cliff import find_cliff
+    from flashstream.telemetry.write_on import point_timeline, timed_write
+
+    s = DriveSettings(cache_size=256 * MiB, post_cache_rate=180e6, drain_rate=120e6,
+                      fast_rate=400e6)
+    os.sync()
+    readings = []
+    with DriveEmulator(tmp_path, s) as drive:
+        drive.add_process()
+        for _ in range(2):
+            time.sleep(1.2 * s.cache_size / s.drain_rate)  # folded empty
+            point, _, _ = timed_write(tmp_path, int(2.5 * s.cache_size))
+            cliff = find_cliff(point_timeline(point), unpaced=True)
+            assert cliff is not None, point.timeline
+            readings.append((cliff.bytes_before - s.drain_rate * cliff.seconds) / s.cache_size)
+    assert all(0.96 <= r <= 1.04 for r in readings), readings
 
 
 @needs_throttle

@@ -21,9 +21,15 @@ from typing import Dict, List, Optional
 
 import psutil
 
-__all__ = ["ThrottleGroup", "ThrottleUnavailable", "throttle_support"]
+__all__ = ["SLICE_S", "ThrottleGroup", "ThrottleUnavailable", "throttle_support"]
 
 PREFIX = "flashstream-emu-"
+
+#: The kernel's throttling slice (blk-throttle's ``DFL_THROTL_SLICE``, HZ/10; kernels before
+#: 6.10 took HZ/50 on non-rotational disks). Each new limit, read or write, restarts the
+#: slices of both directions, and each slice lets its ``limit x slice`` bytes through at
+#: once: a throttled writer runs in bursts.
+SLICE_S = 0.1
 V1_ROOT = Path("/sys/fs/cgroup/blkio")
 V2_ROOT = Path("/sys/fs/cgroup")
 

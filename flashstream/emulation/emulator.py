@@ -27,7 +27,7 @@ from ..sizes import Size
 from ..telemetry.device import device_of
 from ..telemetry.probe import EMULATED_DRIVE_ENV
 from ..telemetry.write_learning import drive_write_rate
-from .cgroup import ThrottleGroup
+from .cgroup import SLICE_S, ThrottleGroup
 from .model import CacheModel, DriveSettings, profile_settings
 
 __all__ = ["DriveEmulator", "EmulatorPoint", "disk_sectors"]
@@ -92,7 +92,7 @@ class DriveEmulator:
             settings = dataclasses.replace(settings, **overrides)
         self.settings = settings
         self.tick, self.interval = tick, interval
-        self.model = CacheModel(settings, horizon=2 * tick)
+        self.model = CacheModel(settings, horizon=tick, release=SLICE_S)
         self.timeline: List[EmulatorPoint] = []
         self.group: Optional[ThrottleGroup] = None
         self._thread: Optional[threading.Thread] = None

@@ -189,30 +189,73 @@ class CacheState:
 
 
 #: Seconds of writing in the cliff a burst may carry into the steps after it (see the module
-#: docstring): a few of the throttle's slices, so that a long stall after a burst still
-#: counts as idle.
-BUSY_CARRY_S = 0.25
+#: docstring): the throttle's slice (cgroup.SLICE_S), whose bytes a burst brings at once, and
+#: half as much again for requests in flight with it. A writer that stops after its last
+#: burst stood for that slice of writing at most: carried over 0.25 s, a drive that folds
+#: faster idle than written in its cliff stayed in it 0.15 s too long after each write, and
+#: the next save began there.
+BUSY_CARRY_S = 0.15
 
 
 class CacheModel:
     """Steps the cache with the bytes the drive wrote; says what to throttle to."""
 
-    def __init__(self, settings: DriveSettings, horizon: float = 0.05) -> None:
+    def __init__(self, settings: DriveSettings, horizon: float = 0.05,
+                 release: float = 0.0) -> None:
         self.settings = settings
-        self.horizon = horizon  # seconds until the next chance to change the limits
+        self.horizon = horizon  # seconds until a new limit holds (the next step, or later)
+        # Seconds of writing at a newly set limit that the throttle lets through at once
+        # (0: an ideal throttle, as in the clock-free simulations of the tests).
+        self.release = release
         self.state = CacheState()
         self._owed = 0.0  # bytes in the cliff owed to the cache from earlier bursts
+        # Held at the post-cache rate ahead of the full cache (_taking_hold): the room left
+        # then, the bytes written since, the seconds since; None: not held.
+        self._hold: Optional[Tuple[float, float, float]] = None
 
     def step(self, written: float, seconds: float) -> CacheState:
         s, st = self.settings, self.state
         entering = self._entering(written, seconds)
         st.fill = min(float(s.cache_size), drained(st.fill + entering, self.fold_rate(
             entering, seconds), seconds))
-        if not st.cliff and st.fill >= s.cache_size * 0.999:
-            st.cliff = True
-        elif st.cliff and st.fill <= s.cache_size - s.hysteresis:
-            st.cliff = False
+        if st.cliff:
+            if st.fill <= s.cache_size - s.hysteresis:
+                st.cliff = False
+        elif st.fill >= s.cache_size * 0.999:
+            st.cliff, self._hold = True, None
+        elif self._hold is not None:
+            # Held ahead of the full cache: in the cliff once the writer has written the room
+            # there was (the throttle's first burst brings that much at once), else, a
+            # release later, it was writing no faster than the limit: let go.
+            room, taken, age = self._hold
+            self._hold = (room, taken + written, age + seconds)
+            if taken + written >= room:
+                st.cliff, st.fill, self._hold = True, float(s.cache_size), None
+            elif age + seconds >= self.release:
+                self._hold = None
+        elif self._taking_hold(written, seconds):
+            self._hold = (s.cache_size - st.fill, 0.0, 0.0)
         return st
+
+    def _taking_hold(self, written: float, seconds: float) -> bool:
+        """Whether a throttle that releases ``release`` seconds of writing at once must take
+        hold now, before the cache is full, for the writer's bytes to follow a real drive's.
+
+        In the cliff that throttle lets a burst of ``release`` seconds' worth through at the
+        start of each of its slices, so the bytes written follow a staircase whose mean line
+        lies half a burst above its first step. It takes hold half a burst before the full
+        cache, less the half step (``horizon / 2``) it takes on average to see the room gone,
+        so that the line of a writer's bytes in the cliff starts where a real drive's would.
+        Taken at the full cache, every writer saw the fast rate for a burst and more beyond
+        it, and read the cache that much larger: tens of MB at a few GB/s, more than a paced
+        save leaves spare. The drive is in its cliff once the writer has written the room
+        left (:meth:`step`): the throttle's bursts stand for the writing that fills it."""
+        s = self.settings
+        if not self.release or written <= 0 or seconds <= 0:
+            return False
+        rate = min(written / seconds, s.fast_rate) if s.fast_rate else written / seconds
+        lead = 0.5 * s.post_cache_rate * self.release + 0.5 * rate * self.horizon
+        return s.cache_size - self.state.fill <= lead
 
     def fold_rate(self, written: float, seconds: float) -> float:
         """Bytes/s folded over a step whose writes brought ``written`` bytes into the cache:
@@ -241,14 +284,21 @@ class CacheModel:
         return entering
 
     def write_limit(self) -> float:
-        """Bytes/s writes may run at now (0: unlimited). Before the cliff the limit tapers so
-        that no more than the room left can be written before the next step."""
+        """Bytes/s writes may run at now (0: unlimited). With an ideal throttle (``release``
+        0) the limit tapers before the cliff, so that no more than the room left can be
+        written before the next step; a real one releases a burst at each new limit, so the
+        limit steps straight down as the cliff takes hold (see :meth:`_taking_hold`)."""
         s, st = self.settings, self.state
-        if st.cliff:
+        if st.cliff or self._hold is not None:
             return s.post_cache_rate
+        if self.release:  # one step down, not a taper: each new limit releases a burst
+            return s.fast_rate
         room_rate = max(s.post_cache_rate, (s.cache_size - st.fill) / self.horizon)
         return min(s.fast_rate, room_rate) if s.fast_rate else room_rate
 
     def read_limit(self) -> float:
-        """Bytes/s reads may run at now (0: unlimited)."""
-        return self.settings.fold_read_rate if self.state.cliff else 0.0
+        """Bytes/s reads may run at now (0: unlimited). Held from the moment writes are
+        (:meth:`_taking_hold`): each new limit, read or write, restarts the throttle's
+        slices in both directions, and with it the burst the writer gets."""
+        held = self.state.cliff or self._hold is not None
+        return self.settings.fold_read_rate if held else 0.0
