@@ -539,6 +539,33 @@ def test_a_planned_burst_that_ends_in_an_unpredicted_cliff_is_measured_after(tmp
     assert model.cache_size == 1000 * MB and model.how("cache_size") == MEASURED
 
 
+def test_a_first_save_whose_cliff_came_near_its_end_writes_on_for_the_pace(tmp_path):
+    """A drive seen for the first time: the learning save met its cliff 0.6 s before its
+    end, too near it to give the drive's pace there, so it gives a lower bound at most. A
+    bound is no reading where the model had no figure to raise: writing on measures the
+    pace. (Taken as read, the refill followed at once; on an emulated drive the bound came
+    out 0.22 x the post-cache rate, stood as the model's, and paced the next saves to
+    19-21 x the shortest time.)"""
+    from types import SimpleNamespace
+
+    from flashstream.checkpoint.drive_learning import DriveLearner
+    from flashstream.checkpoint.save_control import UNKNOWN_DRIVE
+
+    model = load_model(tmp_path)
+    rows = timeline((1.5, 1000 * MB, 0), (0.6, 100 * MB, 0))
+    controller = SimpleNamespace(planner=None, measuring=UNKNOWN_DRIVE, probe=[],
+                                 ends_full=True, measured_from=0.0, cliffs=0,
+                                 conflicted=False, slo_misses=0)
+    executor = _Submitted()
+    now = time.time()
+    pacing = DriveLearner(tmp_path, executor).learn(
+        model, controller, {"timeline": rows}, total=2.1e9, start_fill=0.0, ended=now,
+        written_since=0.0, began=now - 2.1, full_at=time.monotonic(), deadline=None)
+    assert pacing["cliff_at_s"] == pytest.approx(1.5, abs=0.1), pacing
+    assert pacing["then"] == "write on", (pacing, model.post_cache_rate)
+    assert [name for name, _ in executor.jobs] == ["_write_on"]
+
+
 def test_a_drive_short_of_a_slow_pace_is_in_its_cliff():
     """Paced at no more than half the new-file rate, a drive out of its cliff keeps the pace:
     a shortfall of a fifth that lasts is its cliff (where it writes at its post-cache rate,

@@ -160,9 +160,11 @@ class DriveLearner:
             # Where the cliff came too near the save's end for this save to give the drive's
             # pace in it (not even a bound that moved the model's figure, which may be the one
             # the cliff just contradicted), writing on reads it first; the refill follows
-            # either way. Writing on costs the gap before the next save a second or two.
+            # either way. Writing on costs the gap before the next save a second or two. A
+            # bound on a drive seen for the first time moved no figure: from a save's last
+            # few tenths in the throttle's bursts it may be a fifth of the drive's pace.
             read_here = (cliff.rate is not None and cliff.rate_seconds >= MIN_RATE_SECONDS
-                         ) or model.post_cache_rate != post_before
+                         ) or post_before not in (None, model.post_cache_rate)
             job = (self._refill, model, cliff, fill_then, full_at, total) \
                 if read_here or not fast else \
                 (self._write_on, model, fast, timeline, fill_then, write_began, save_s,
