@@ -212,9 +212,14 @@ class CacheModel:
         # Held at the post-cache rate ahead of the full cache (_taking_hold): the room left
         # then, the bytes written since, the seconds since; None: not held.
         self._hold: Optional[Tuple[float, float, float]] = None
+        self._let_go = False  # a hold let go: not again until the cache drains or fills
+        self._rate = 0.0  # bytes/s written, averaged over about a slice
 
     def step(self, written: float, seconds: float) -> CacheState:
         s, st = self.settings, self.state
+        if seconds > 0:  # the write rate over about a slice: the throttle's own bursts in it
+            weight = min(1.0, seconds / self.release) if self.release else 1.0
+            self._rate += weight * (written / seconds - self._rate)
         entering = self._entering(written, seconds)
         st.fill = min(float(s.cache_size), drained(st.fill + entering, self.fold_rate(
             entering, seconds), seconds))
@@ -225,16 +230,25 @@ class CacheModel:
             st.cliff, self._hold = True, None
         elif self._hold is not None:
             # Held ahead of the full cache: in the cliff once the writer has written the room
-            # there was (the throttle's first burst brings that much at once), else, a
-            # release later, it was writing no faster than the limit: let go.
+            # there was and half a burst beyond the limit's steady share (the throttle's
+            # first burst brings both at once to a writer it holds back); else, a release
+            # later, it was writing no faster than the limit: let go, and not held again
+            # before the cache has drained that far once more or filled (a paced writer
+            # near full, held and let go by turns, had its reads held half the time).
             room, taken, age = self._hold
-            self._hold = (room, taken + written, age + seconds)
-            if taken + written >= room:
+            taken, age = taken + written, age + seconds
+            self._hold = (room, taken, age)
+            beyond = taken - s.post_cache_rate * age
+            if taken >= room and beyond >= 0.5 * s.post_cache_rate * self.release:
                 st.cliff, st.fill, self._hold = True, float(s.cache_size), None
-            elif age + seconds >= self.release:
-                self._hold = None
+            elif age >= self.release:
+                self._hold, self._let_go = None, True
+        elif self._let_go:
+            self._let_go = s.cache_size - st.fill <= s.post_cache_rate * self.release
         elif self._taking_hold(written, seconds):
             self._hold = (s.cache_size - st.fill, 0.0, 0.0)
+        if st.cliff:
+            self._let_go = False
         return st
 
     def _taking_hold(self, written: float, seconds: float) -> bool:
@@ -243,9 +257,10 @@ class CacheModel:
 
         In the cliff that throttle lets a burst of ``release`` seconds' worth through at the
         start of each of its slices, so the bytes written follow a staircase whose mean line
-        lies half a burst above its first step. It takes hold half a burst before the full
-        cache, less the half step (``horizon / 2``) it takes on average to see the room gone,
-        so that the line of a writer's bytes in the cliff starts where a real drive's would.
+        lies half a burst above its first step. It takes hold that much before the full cache
+        (:meth:`_lead`: about half a burst for a fast writer), less the half step
+        (``horizon / 2``) it takes on average to see the room gone, so that the line of a
+        writer's bytes in the cliff starts where a real drive's would.
         Taken at the full cache, every writer saw the fast rate for a burst and more beyond
         it, and read the cache that much larger: tens of MB at a few GB/s, more than a paced
         save leaves spare. The drive is in its cliff once the writer has written the room
@@ -253,9 +268,23 @@ class CacheModel:
         s = self.settings
         if not self.release or written <= 0 or seconds <= 0:
             return False
-        rate = min(written / seconds, s.fast_rate) if s.fast_rate else written / seconds
-        lead = 0.5 * s.post_cache_rate * self.release + 0.5 * rate * self.horizon
-        return s.cache_size - self.state.fill <= lead
+        rate = min(self._rate, s.fast_rate) if s.fast_rate else self._rate
+        return s.cache_size - self.state.fill <= self._lead(rate)
+
+    def _lead(self, rate: float) -> float:
+        """The room left at which the throttle takes hold for a writer at ``rate`` bytes/s:
+        none for one that a real drive's cliff would not slow, or whose writing the drive
+        folds as fast (at most the post-cache rate, or the drain: the normal rule at the full
+        cache serves it). Else the room the writer fills, net of folding, in the time the
+        staircase's mean line needs to meet the real drive's: ``burst / 2 / (rate - post)``;
+        about half a burst for a writer several times faster than the post-cache rate."""
+        s = self.settings
+        post, drain = s.post_cache_rate, s.drain_rate
+        if rate <= max(post, drain):
+            return 0.0
+        burst = post * self.release
+        return min(burst, 0.5 * burst * (rate - drain) / (rate - post)) + \
+            0.5 * rate * self.horizon
 
     def fold_rate(self, written: float, seconds: float) -> float:
         """Bytes/s folded over a step whose writes brought ``written`` bytes into the cache:
