@@ -13,7 +13,10 @@ model cache of its own:
 Each runs ``--saves`` saves (``rate="auto"``, ``keep=1``, no deadline) of ``--size-share`` x the
 cache, one due every gap: the shortest cliff-free duration from a full cache, plus a third and
 a second, so that a cliff-free schedule always exists. Per save: the seconds the emulated drive
-spent in its cliff (from the save's due time to the next's), the data write's duration, and the
+spent in its cliff from the save's data write on to the next save's (its write, then what the
+writer measured of the drive after it; the seconds the drive was still in a cliff of the last
+save's measurements before this one's write began are shown too, and count to that save),
+the data write's duration, and the
 shortest cliff-free duration the drive allows from the fill it really started from (the
 emulator's): unpaced until the cache is full, then at its drain rate. The ratio the target
 judges is the write's (what the pacing decides); the whole save's, from save() to its commit,
@@ -130,7 +133,7 @@ def run_scenario(root: Path, settings: DriveSettings, scenario: str, args) -> Di
                 rows.append({
                     "step": step, "due_s": due, "seconds": took, "shortest_s": best,
                     "write_s": report.write_s, "ratio": report.write_s / best,
-                    "save_ratio": took / best, "cliff_s": drive.cliff_seconds(due, due + gap),
+                    "save_ratio": took / best, "write_start_s": report.write_start_s or 0.0,
                     "start_fill": fill / settings.cache_size,
                     "plan": report.pacing["plan"], "measured": report.pacing["measured"],
                     # what the save planned from: the model when its write began (a refill
@@ -138,9 +141,23 @@ def run_scenario(root: Path, settings: DriveSettings, scenario: str, args) -> Di
                     "model": _planned(report.pacing["model"], settings)})
             measurements = list(w.learner.measurements)
         final = _against(wm.load_model(args.dir), settings)
+    _attribute_cliffs(drive, rows, gap)
     shutil.rmtree(directory, ignore_errors=True)
     return {"gap_s": gap, "save_bytes": size, "saves": rows, "measurements": measurements,
             "final_model": final}
+
+
+def _attribute_cliffs(drive: DriveEmulator, rows: List[Dict[str, object]], gap: float) -> None:
+    """Each save's seconds in the cliff, from its data write's first request to the next
+    save's (the last: to its gap's end): its write and what the writer measured of the drive
+    after it. A cliff the last save's measurements left is that save's, though the drive is
+    still in it when this save is called (its snapshot comes first): ``cliff_before_s``."""
+    starts = [r["due_s"] + r["write_start_s"] for r in rows]
+    for k, r in enumerate(rows):
+        end = starts[k + 1] if k + 1 < len(rows) else r["due_s"] + gap
+        r["cliff_s"] = drive.cliff_seconds(starts[k], end)
+        r["cliff_write_s"] = drive.cliff_seconds(starts[k], starts[k] + r["write_s"])
+        r["cliff_before_s"] = drive.cliff_seconds(r["due_s"], starts[k])
 
 
 def _seed_model(directory: Path, settings: DriveSettings, factor: float) -> None:
@@ -198,7 +215,8 @@ def _print_rows(scenario: str, rows: List[Dict[str, object]]) -> None:
         model = r["model"]
         print(f"  {scenario:5s} save {r['step']}: write {r['write_s']:5.2f} s = "
               f"{r['ratio']:4.2f} x shortest (save {r['save_ratio']:4.2f} x), cliff "
-              f"{r['cliff_s']:5.2f} s, started {r['start_fill']:4.0%} full, "
+              f"{r['cliff_s']:5.2f} s ({r['cliff_write_s']:4.2f} s in its write, "
+              f"{r['cliff_before_s']:4.2f} s before it), started {r['start_fill']:4.0%} full, "
               f"{r['plan']}{' (measured: ' + r['measured'] + ')' if r['measured'] else ''}; "
               f"planned from fill {_share(model['fill'])}, cache "
               f"{_share(model['cache_size'])}, post {_share(model['post_cache_rate'])}, "
