@@ -897,6 +897,18 @@ def test_a_refill_cut_short_before_its_cliff_bounds_the_drain_from_below(monkeyp
     assert model.how("drain_rate") == LOWER_BOUND  # with an estimate's margin: see there
     assert model.drain_rate == pytest.approx(ESTIMATE_SHARE * attempts[0]["drain_at_least"])
     assert ASSUMED_DRAIN_SHARE * 200 * MB < model.drain_rate < drive["drain"]
+    # So too where the model's drain was several times the drive's (a stored model 4 x too
+    # fast, solved again from the cliff that contradicted it): a try that read nothing leaves
+    # the drain assumed, not the old figure under that name (kept, it paced the next save
+    # into its cliff), and the bound stands for it.
+    clock.now += 100.0
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, cut=0.9, **drive))
+    model.drain_rate = 4 * drive["drain"]
+    learn_after_save(model, tmp_path, cliff=Cliff(1.0, 1e9, 200 * MB, 1e9, 1.0),
+                     start_fill=lambda _d: 0.0, full_at=clock.now, cap=int(2e9),
+                     stop=clock.stop(), attempts=[])
+    assert model.how("drain_rate") == LOWER_BOUND
+    assert ASSUMED_DRAIN_SHARE * 200 * MB < model.drain_rate < drive["drain"]
 
 
 def test_a_refill_takes_a_stall_it_came_back_from_for_a_stall():

@@ -273,6 +273,11 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
     # the slow end of drives, it made every save after take 3-6.5 x the shortest.)
     bound = ESTIMATE_SHARE * max(
         (a["drain_at_least"] for a in attempts if a.get("drain_at_least")), default=0.0)
+    if drain is None:
+        # Nothing read: the drain is assumed (the slow end of drives) until the next try, not
+        # whatever figure stood before under that name. (A stored drain 4 x the drive's,
+        # kept so, paced the save after into its cliff.)
+        model.drain_rate = None
     if drain is None and bound > (model.recovery_rate or 0.0):
         model.drain_rate = min(bound, 0.95 * model.fast_rate)
         model.note("drain_rate", LOWER_BOUND, "a refill cut short before its cliff")
