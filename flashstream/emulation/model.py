@@ -264,7 +264,8 @@ class CacheModel:
         Taken at the full cache, every writer saw the fast rate for a burst and more beyond
         it, and read the cache that much larger: tens of MB at a few GB/s, more than a paced
         save leaves spare. The drive is in its cliff once the writer has written the room
-        left (:meth:`step`): the throttle's bursts stand for the writing that fills it."""
+        left and half a burst beyond the limit's steady share (:meth:`step`): the
+        throttle's bursts stand for the writing that fills it."""
         s = self.settings
         if not self.release or written <= 0 or seconds <= 0:
             return False
@@ -318,7 +319,7 @@ class CacheModel:
         written before the next step; a real one releases a burst at each new limit, so the
         limit steps straight down as the cliff takes hold (see :meth:`_taking_hold`)."""
         s, st = self.settings, self.state
-        if st.cliff or self._hold is not None:
+        if self._held:
             return s.post_cache_rate
         if self.release:  # one step down, not a taper: each new limit releases a burst
             return s.fast_rate
@@ -329,5 +330,9 @@ class CacheModel:
         """Bytes/s reads may run at now (0: unlimited). Held from the moment writes are
         (:meth:`_taking_hold`): each new limit, read or write, restarts the throttle's
         slices in both directions, and with it the burst the writer gets."""
-        held = self.state.cliff or self._hold is not None
-        return self.settings.fold_read_rate if held else 0.0
+        return self.settings.fold_read_rate if self._held else 0.0
+
+    @property
+    def _held(self) -> bool:
+        """In the cliff, or held at the post-cache rate ahead of it."""
+        return self.state.cliff or self._hold is not None

@@ -275,14 +275,14 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
         (a["drain_at_least"] for a in attempts if a.get("drain_at_least")), default=0.0)
     if drain is None:
         # Nothing read: the drain is assumed (the slow end of drives) until the next try, not
-        # whatever figure stood before under that name. (A stored drain 4 x the drive's,
-        # kept so, paced the save after into its cliff.)
+        # whatever figure stood before under that name (a stored drain 4 x the drive's, kept
+        # so, paced the save after into its cliff); a cut refill's bound beats the assumption.
         model.drain_rate = None
-    if drain is None and bound > (model.recovery_rate or 0.0):
-        model.drain_rate = min(bound, 0.95 * model.fast_rate)
-        model.note("drain_rate", LOWER_BOUND, "a refill cut short before its cliff")
-    elif drain is None:  # tried: assumed until the next try (WriteModel.unconfirmed)
-        model.note("drain_rate", ASSUMED, "learning save, no refill reading")
+        if bound > (model.recovery_rate or 0.0):
+            model.drain_rate = min(bound, 0.95 * model.fast_rate)
+            model.note("drain_rate", LOWER_BOUND, "a refill cut short before its cliff")
+        else:  # tried: assumed until the next try (WriteModel.unconfirmed)
+            model.note("drain_rate", ASSUMED, "learning save, no refill reading")
     else:
         model.drain_rate = drain
         # One refill's reading (the next save cut the second off) has its cliff's detection
