@@ -740,34 +740,23 @@ def _refills_on(monkeypatch, tmp_path, drive, *, idle=1.0, cap=int(2e9), post=No
     return readings, full_since, attempts, clock
 
 
-def test_the_second_refill_waits_only_for_the_difference_it_needs(monkeypatch, tmp_path):
-    # The next save may come during the refills, and one that finds the drive in the cliff
-    # the last refill reached stays there until the drive frees its margin: after a save the
-    # second gap is only as much longer than the first as frees `difference` bytes more.
+def test_the_second_refill_waits_three_first_gaps_longer(monkeypatch, tmp_path):
+    # Two readings (the sustained probe's): the second refill's gap is 3 x the first gap
+    # longer, and the difference of the readings gives the drain.
     from flashstream.telemetry import refills
 
     clock = _Clock()
     monkeypatch.setattr(refills, "time", clock)
     drive = dict(cache=1e9, fast=1e9, post=200 * MB, drain=250 * MB)
-    runs = {}
-    for difference in (None, 400 * MB):
-        clock.now += 100.0
-        monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
-        attempts = []
-        readings, full_since = refills.measure_refills(
-            tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=1.0,
-            cap=int(2e9), attempts=attempts, difference=difference)
-        assert len(readings) == 2 and full_since == clock.now  # left full at its end
-        assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(
-            drive["drain"], rel=0.03)
-        runs[difference] = [a["gap_s"] for a in attempts]
-    assert runs[None][1] - runs[None][0] == pytest.approx(3.0)  # 3 x the first gap longer
-    # 400 MB more at the first reading's 250 MB/s (the lag in: a little above): 1.6 s longer.
-    assert runs[400 * MB][1] - runs[400 * MB][0] == pytest.approx(1.6, rel=0.05)
-    assert refills.second_gap(3.0, (2.0, 500 * MB), 400 * MB) == pytest.approx(1.6)
-    # Never longer than the probe's own spacing, and that where no reading tells the rate.
-    assert refills.second_gap(3.0, (1.0, 1 * MB), 400 * MB) == 3.0
-    assert refills.second_gap(3.0, (0.0, 0.0), 400 * MB) == 3.0
+    monkeypatch.setattr(refills, "timed_write", _refilling_drive(clock, **drive))
+    attempts = []
+    readings, full_since = refills.measure_refills(
+        tmp_path, fast=drive["fast"], post=drive["post"], full_at=clock.now, idle=1.0,
+        cap=int(2e9), attempts=attempts)
+    assert len(readings) == 2 and full_since == clock.now  # left full at its end
+    assert refills.refill_drain(readings, drive["fast"]) == pytest.approx(drive["drain"],
+                                                                          rel=0.03)
+    assert attempts[1]["gap_s"] - attempts[0]["gap_s"] == pytest.approx(3.0)
 
 
 def test_a_refill_waits_until_the_drive_has_left_its_cliff(monkeypatch, tmp_path):

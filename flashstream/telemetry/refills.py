@@ -15,7 +15,7 @@ from .cliff import fast_until, find_cliff, intervals, mean_rate
 from .write_on import point_timeline, timed_write
 
 __all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "refill_cliff",
-           "refill_drain", "second_gap", "stop_below", "two_readings"]
+           "refill_drain", "stop_below", "two_readings"]
 
 
 MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill
@@ -26,13 +26,12 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
                     progress: Callable[[str], None] = lambda _m: None,
                     stop: Optional[threading.Event] = None,
                     attempts: Optional[List[dict]] = None,
-                    difference: Optional[float] = None, cache: Optional[float] = None,
+                    cache: Optional[float] = None,
                     readings: int = 2) -> Tuple[List[Tuple[float, float]], Optional[float]]:
     """Two refills (``readings``) of a cache left full at ``full_at`` (time.monotonic()): each
     after an idle gap (``idle`` seconds, then 3 x ``idle`` longer), a new-file write of at
     most ``cap`` bytes up to the cliff again, once short writes have found the drive out of
-    its cliff (:func:`_leave_cliff`). ``difference``: bytes the second reading should take
-    more than the first, and no more (:func:`second_gap`). A refill slow from its first byte
+    its cliff (:func:`_leave_cliff`). A refill slow from its first byte
     found the drive still folding (one that leaves its cliff only once it has freed a
     margin): the same full cache is back, so it is repeated after twice the gap. Returns the
     readings for :func:`refill_drain` and when (time.monotonic()) the cache was last full,
@@ -109,7 +108,7 @@ def measure_refills(directory: Union[str, os.PathLike], *, fast: float, post: fl
         if again is not None:
             refills.append((since + again.seconds, probed + again.bytes_before))
             # Not 4 x a retried gap: that could drain the whole cache.
-            wait += second_gap(apart, refills[0], difference)
+            wait += apart
         elif slow and wait < MAX_IDLE:
             wait = min(MAX_IDLE, max(2 * wait, 0.25))
         else:
@@ -247,20 +246,6 @@ def _leave_cliff(directory: Union[str, os.PathLike], fast: float, post: float,
             break
         wait *= 2
     return written, first, last
-
-
-def second_gap(longest: float, first: Tuple[float, float], difference: Optional[float]
-               ) -> float:
-    """How much longer the second refill's gap is than the first's: long enough that the drive
-    frees ``difference`` bytes more (by the first reading, ``first``: seconds since full,
-    bytes), which its cliff's placement errs by a small share of, and never longer than
-    ``longest``. The difference of the two readings is the recovery rate; the gap is what a
-    save that comes meanwhile waits on, and a refill that reaches its cliff just before one
-    leaves the drive in its cliff as the save starts. ``difference`` None: ``longest``."""
-    seconds, nbytes = first
-    if difference is None or seconds <= 0 or nbytes <= 0:
-        return longest
-    return min(longest, difference / (nbytes / seconds))
 
 
 def refill_drain(refills: Sequence[Tuple[float, float]],
