@@ -58,6 +58,33 @@ def test_without_a_deadline_it_bursts_through_the_headroom_then_sustains():
     assert p.rate() == pytest.approx(0.9 * 100 * MiB) or p.done == p.total
 
 
+@pytest.mark.parametrize("drive_rate", [3e9, 4.5e9])
+def test_an_unpaced_burst_is_paced_at_its_headroom_not_a_tick_past_it(drive_rate):
+    """The controller looks again before an unpaced burst can reach the headroom, at the
+    faster of the model's new-file rate and the rate the drive just showed: looking a fixed
+    tick (50 ms) later, a burst at a few GB/s ran up to 150 MB past it, and emulated drives
+    with their caches' size read a few percent high met the cliff in every save."""
+    from flashstream.checkpoint.save_control import MIN_WAIT_S, SaveController
+
+    def burst(looks_when) -> CachePlanner:
+        planner = CachePlanner(total=int(2e9), cache_size=1e9, recovery_rate=100e6,
+                               lead=64e6)
+        controller = SaveController(planner, fast_rate=3e9)
+        t = 0.0
+        while planner.rate() == 0:
+            t += looks_when(controller, planner)
+            planner.advance(min(drive_rate * t, planner.total), t)
+        return planner
+
+    paced = burst(lambda c, p: c._burst_wait(p))
+    assert paced.fill + paced.lead <= paced.limit + drive_rate * MIN_WAIT_S
+    assert paced.fill + paced.lead >= paced.limit - 30e6  # no earlier than it must
+    ticked = burst(lambda c, p: c.tick)
+    assert ticked.fill + ticked.lead > paced.limit + 50e6
+    fits = CachePlanner(total=int(0.5e9), cache_size=1e9, recovery_rate=300e6)
+    assert SaveController(fits, fast_rate=3e9)._burst_wait(fits) == 0.05  # unpaced to its end
+
+
 def test_past_the_headroom_it_paces_to_the_ceiling_at_the_sustained_drain():
     """The tail's pace counts on 0.9 x the drain: a drain the model has a tenth too high still
     leaves the cache below its ceiling; an exact one finishes sooner than sustaining did."""

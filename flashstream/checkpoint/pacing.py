@@ -39,7 +39,8 @@ the drain. So, unless the policy is "meet-deadline", the save first writes at a 
 (``CRAWL_SHARE`` of the drain) until the estimate has fallen to ``resume`` of the cache.
 
 A controller thread (checkpoint/save_control.py) runs the planner every ``tick`` seconds
-against the write's progress.
+against the write's progress, and sooner while an unpaced burst could reach the headroom
+before the next tick (``burst_left``).
 """
 
 from __future__ import annotations
@@ -150,6 +151,13 @@ class CachePlanner:
             others = (written - first[2]) - (done - first[1])
             self.others_rate = max(0.0, others / (elapsed - first[0]))
 
+    def recent_rate(self) -> float:
+        """Bytes/s the drive took between the last two looks (0: fewer than two)."""
+        if len(self._recent) < 2:
+            return 0.0
+        (t0, _, w0), (t1, _, w1) = self._recent[-2], self._recent[-1]
+        return (w1 - w0) / (t1 - t0) if t1 > t0 else 0.0
+
     def saturate(self, observed_rate: float) -> None:
         """A cliff was seen: the cache is full, and it recovers no faster than the drive
         writes now."""
@@ -178,6 +186,17 @@ class CachePlanner:
             if needed and math.isfinite(needed):
                 pace = max(pace, needed)
         return pace
+
+    def burst_left(self) -> float:
+        """Bytes an unpaced write may still add before :meth:`rate` paces it (inf: it never
+        will; 0: it paces now). The controller looks again before they are written: a look
+        a fixed tick later let a burst of a few GB/s run a tick past the headroom."""
+        if self.recovering or self.needed() or self.slo_cap is not None:
+            return 0.0
+        remaining = max(0.0, self.total - self.done)
+        if self.worst + self.lead + remaining <= self.ceiling:
+            return math.inf  # the rest fits below the ceiling: unpaced to the end
+        return max(0.0, min(self.limit - self.fill, self.ceiling - self.worst) - self.lead)
 
     def _cliff_free(self, needed: float) -> float:
         sustained = self.settings.sustain * self.drain

@@ -63,6 +63,9 @@ MEASURE_S = 1.0
 SLOW_PACE_SHARE = 0.5
 SHORTFALL = 0.8
 SHORTFALL_S = 1.0
+#: The shortest wait between the controller's looks near the end of an unpaced burst (its
+#: tick otherwise): at a few GB/s, a few MB.
+MIN_WAIT_S = 0.002
 
 
 class SaveController:
@@ -129,7 +132,10 @@ class SaveController:
         # (elapsed, done, pace, the drive's bytes from every writer) over the last CLIFF_S
         recent: list = []
         slo_every, next_slo = max(self.tick, 0.25), 0.0
-        while not self._stop.wait(self.tick):
+        unpaced = self.planner is not None and not self.measuring and self.control.rate == 0
+        wait = self._burst_wait(self.planner) if unpaced else self.tick
+        while not self._stop.wait(wait):
+            wait = self.tick
             planner = self.planner
             if self.measuring == UNPREDICTED_CLIFF and not self.ends_full and planner:
                 self._leave_cliff(planner)
@@ -156,6 +162,20 @@ class SaveController:
                             "filling the drive's write cache; policy %r",
                             planner.settings.deadline_policy)
             self.control.rate = pace
+            if pace == 0:
+                wait = self._burst_wait(planner)
+
+    def _burst_wait(self, planner: CachePlanner) -> float:
+        """Seconds until the controller looks again during an unpaced burst: a tick, or less
+        where the burst could reach the planner's headroom sooner, at the faster of the
+        drive's new-file rate and the rate the drive took bytes over the last tick (at
+        least ``MIN_WAIT_S``)."""
+        room = planner.burst_left()
+        recent = planner.recent_rate()
+        rate = max(self.fast_rate or 0.0, recent)
+        if not math.isfinite(room) or rate <= 0:
+            return self.tick
+        return min(self.tick, max(MIN_WAIT_S, room / rate))
 
     def _leave_cliff(self, planner: CachePlanner) -> None:
         """After ``MEASURE_S`` unpaced in a cliff the model did not predict: pace at the
