@@ -193,21 +193,24 @@ class CachePlanner:
         a fixed tick later let a burst of a few GB/s run a tick past the headroom."""
         if self.recovering or self.needed() or self.slo_cap is not None:
             return 0.0
-        remaining = max(0.0, self.total - self.done)
+        return self._unpaced_room(max(0.0, self.total - self.done))
+
+    def _unpaced_room(self, remaining: float) -> float:
+        """Without a deadline: the bytes a write may add unpaced, below the headroom by the
+        estimate and below the ceiling by the sustained count (inf: the ``remaining`` bytes
+        all fit below the ceiling). Where the tail's pace let the estimate fall back under
+        the headroom, bursting again would spend the drain's margin (at the drain on
+        average)."""
         if self.worst + self.lead + remaining <= self.ceiling:
-            return math.inf  # the rest fits below the ceiling: unpaced to the end
+            return math.inf
         return max(0.0, min(self.limit - self.fill, self.ceiling - self.worst) - self.lead)
 
     def _cliff_free(self, needed: float) -> float:
         sustained = self.settings.sustain * self.drain
         remaining = max(0.0, self.total - self.done)
         if not needed:
-            # Unpaced only below the headroom by the estimate and below the ceiling by the
-            # sustained count: where the tail's pace let the estimate fall back under the
-            # headroom, bursting again would spend the drain's margin (at the drain on average).
-            if self.fill + self.lead < self.limit and self.worst + self.lead < self.ceiling:
-                return 0.0
-            return self._fastest_cliff_free(remaining)
+            return 0.0 if self._unpaced_room(remaining) > 0 else \
+                self._fastest_cliff_free(remaining)
         if not math.isfinite(needed):  # past the planned finish: as soon as the cache allows
             self.conflict = self.worst + self.lead + remaining > self.ceiling
             if self.conflict and self.settings.deadline_policy == "avoid-cliff":
