@@ -59,6 +59,9 @@ DEADLINE_POLICIES = ("avoid-cliff", "meet-deadline")
 #: The pace, as a share of the drain, of a save waiting for a full cache to drain (see the
 #: module docstring): slow enough that the drive folds almost at its idle rate.
 CRAWL_SHARE = 0.1
+#: The shortest span over which CachePlanner.peak_rate measures: a single request's
+#: completion over a millisecond or two is no rate.
+PEAK_SPAN_S = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,12 +154,20 @@ class CachePlanner:
             others = (written - first[2]) - (done - first[1])
             self.others_rate = max(0.0, others / (elapsed - first[0]))
 
-    def recent_rate(self) -> float:
-        """Bytes/s the drive took between the last two looks (0: fewer than two)."""
-        if len(self._recent) < 2:
-            return 0.0
-        (t0, _, w0), (t1, _, w1) = self._recent[-2], self._recent[-1]
-        return (w1 - w0) / (t1 - t0) if t1 > t0 else 0.0
+    def peak_rate(self) -> float:
+        """The fastest bytes/s the drive took between two looks at least ``PEAK_SPAN_S``
+        apart over the last second (0: none yet). A drive may take a burst in lumps faster
+        than its mean (a throttle's slices: a few hundred MB at the disk's own speed), and
+        the burst's end is judged by its fastest."""
+        best, recent = 0.0, self._recent
+        for k in range(1, len(recent)):
+            j = k - 1
+            while j > 0 and recent[k][0] - recent[j][0] < PEAK_SPAN_S:
+                j -= 1
+            span = recent[k][0] - recent[j][0]
+            if span >= PEAK_SPAN_S:
+                best = max(best, (recent[k][2] - recent[j][2]) / span)
+        return best
 
     def saturate(self, observed_rate: float) -> None:
         """A cliff was seen: the cache is full, and it recovers no faster than the drive
