@@ -132,10 +132,7 @@ class SaveController:
         # (elapsed, done, pace, the drive's bytes from every writer) over the last CLIFF_S
         recent: list = []
         slo_every, next_slo = max(self.tick, 0.25), 0.0
-        unpaced = self.planner is not None and not self.measuring and self.control.rate == 0
-        wait = self._burst_wait(self.planner) if unpaced else self.tick
-        while not self._stop.wait(wait):
-            wait = self.tick
+        while not self._stop.wait(self._next_wait()):
             planner = self.planner
             if self.measuring == UNPREDICTED_CLIFF and not self.ends_full and planner:
                 self._leave_cliff(planner)
@@ -162,8 +159,13 @@ class SaveController:
                             "filling the drive's write cache; policy %r",
                             planner.settings.deadline_policy)
             self.control.rate = pace
-            if pace == 0:
-                wait = self._burst_wait(planner)
+
+    def _next_wait(self) -> float:
+        """Seconds until the controller looks again: a tick, or less during an unpaced burst
+        the planner steers (:meth:`_burst_wait`)."""
+        if self.planner is None or self.measuring or self.control.rate != 0:
+            return self.tick
+        return self._burst_wait(self.planner)
 
     def _burst_wait(self, planner: CachePlanner) -> float:
         """Seconds until the controller looks again during an unpaced burst: a tick, or less
