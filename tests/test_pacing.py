@@ -165,6 +165,46 @@ def test_an_estimated_drain_leaves_an_exact_model_near_the_shortest_on_the_famil
         assert peak <= 0.9 * cache, (seed, s.describe(), peak / cache)
 
 
+def test_a_cache_sized_by_a_drain_read_low_keeps_saves_out_of_the_cliff():
+    """A learning save met its cliff from an empty cache; its refill, cut short by the next
+    save, only bounded the drain from below. Sized by that bound (the drain the saves plan
+    with), the cache comes out too large by what the drive drained faster up to the cliff,
+    and the fill estimate errs the same way: bursts from an empty cache meet the headroom
+    where the drive's cache does, and the estimate stays above the drive's fill after. On
+    the family, with bounds from 0.3 x the drain up, saves from empty and saves 1 s apart
+    (each starting from the fill the last left) keep the cache below the planner's ceiling
+    (a tail paced to the ceiling of the larger cache ends at most 0.92 full). (Sized by
+    the fast end of drives instead, the cache came out 0.82-0.84 x on emulated drive 38 and
+    its saves took 1.44-1.48 x the shortest.)"""
+    import random
+
+    from flashstream.emulation import random_settings
+
+    for seed in range(11, 31):
+        s = random_settings(3.27e9, random.Random(seed))
+        cache, fast, drain = float(s.cache_size), s.fast_rate, s.drain_rate
+        to_cliff = cache / (fast - drain)  # the learning save, unpaced from empty
+        for share in (0.3, 0.6, 0.95):
+            low = share * drain
+            sized = fast * to_cliff - low * to_cliff  # bytes before the cliff less the drain
+            held, estimate = 0.0, 0.0
+            for gap in (10.0, 1.0, 1.0):
+                held, estimate = drained(held, drain, gap), drained(estimate, low, gap)
+                planner = CachePlanner(total=int(1.75 * cache), cache_size=sized,
+                                       recovery_rate=low, fill=estimate, lead=64 * MiB)
+                t, done, peak, dt = 0.0, 0.0, held, 0.004
+                while done < planner.total:
+                    step = min(planner.total - done, min(planner.rate() or fast, fast) * dt)
+                    done, t = done + step, t + dt
+                    held = drained(held + step, drain, dt)
+                    peak = max(peak, held)
+                    planner.advance(done, t)
+                estimate = planner.fill
+                info = (seed, share, gap, s.describe(), peak / cache)
+                assert peak <= 0.93 * cache, info
+                assert estimate >= held, info
+
+
 def test_a_save_that_starts_with_a_full_cache_lets_it_drain_first():
     """At its ceiling or over, the cache may be in the drive's cliff, which the drive leaves
     only once it has freed a margin: a crawl until the estimate falls to `resume`, then as
