@@ -50,6 +50,21 @@ def _run(planner: CachePlanner, drive_rate: float, dt: float = 0.05, limit: floa
     return t, peak, held_peak
 
 
+def _save_on_drive(planner: CachePlanner, fast: float, drain: float, held: float = 0.0,
+                   dt: float = 0.002) -> tuple:
+    """One save planned by ``planner`` on a smooth drive that takes at most ``fast`` bytes/s
+    and folds ``drain``, its cache holding ``held`` bytes at the start: the seconds it took,
+    the bytes held at its end and the most held meanwhile."""
+    t, done, peak = 0.0, 0.0, held
+    while done < planner.total:
+        step = min(planner.total - done, min(planner.rate() or fast, fast) * dt)
+        done, t = done + step, t + dt
+        held = drained(held + step, drain, dt)
+        peak = max(peak, held)
+        planner.advance(done, t)
+    return t, held, peak
+
+
 def test_without_a_deadline_it_bursts_through_the_headroom_then_sustains():
     p = CachePlanner(total=2000 * MiB, cache_size=1000 * MiB, recovery_rate=100 * MiB)
     assert p.rate() == 0  # headroom: unpaced
@@ -133,13 +148,7 @@ def test_a_drain_estimated_a_tenth_high_never_fills_the_cache_on_the_family():
         s = random_settings(800e6, random.Random(seed))
         planner = CachePlanner(total=int(4 * s.cache_size), cache_size=float(s.cache_size),
                                recovery_rate=1.1 * s.drain_rate, lead=8 * MiB)
-        t, done, held, peak, dt = 0.0, 0.0, 0.0, 0.0, 0.02
-        while done < planner.total:
-            step = min(planner.total - done, min(planner.rate() or s.fast_rate, s.fast_rate) * dt)
-            done, t = done + step, t + dt
-            held = drained(held + step, s.drain_rate, dt)
-            peak = max(peak, held)
-            planner.advance(done, t)
+        _t, _held, peak = _save_on_drive(planner, s.fast_rate, s.drain_rate, dt=0.02)
         assert peak < s.cache_size, (seed, s.describe(), peak / s.cache_size)
 
 
@@ -162,13 +171,7 @@ def test_an_estimated_drain_leaves_an_exact_model_near_the_shortest_on_the_famil
         shortest = total / fast if total <= burst else burst / fast + (total - burst) / drain
         planner = CachePlanner(total=int(total), cache_size=cache,
                                recovery_rate=ESTIMATE_SHARE * drain, lead=64 * MiB)
-        t, done, held, peak, dt = 0.0, 0.0, 0.0, 0.0, 0.002
-        while done < planner.total:
-            step = min(planner.total - done, min(planner.rate() or fast, fast) * dt)
-            done, t = done + step, t + dt
-            held = drained(held + step, drain, dt)
-            peak = max(peak, held)
-            planner.advance(done, t)
+        t, _held, peak = _save_on_drive(planner, fast, drain)
         assert t <= 1.22 * shortest, (seed, s.describe(), t / shortest)
         assert peak <= 0.9 * cache, (seed, s.describe(), peak / cache)
 
@@ -200,13 +203,7 @@ def test_a_cache_sized_by_a_drain_read_low_keeps_saves_out_of_the_cliff():
                 held, estimate = drained(held, drain, gap), drained(estimate, low, gap)
                 planner = CachePlanner(total=int(1.75 * cache), cache_size=sized,
                                        recovery_rate=low, fill=estimate, lead=64 * MiB)
-                t, done, peak, dt = 0.0, 0.0, held, 0.004
-                while done < planner.total:
-                    step = min(planner.total - done, min(planner.rate() or fast, fast) * dt)
-                    done, t = done + step, t + dt
-                    held = drained(held + step, drain, dt)
-                    peak = max(peak, held)
-                    planner.advance(done, t)
+                _t, held, peak = _save_on_drive(planner, fast, drain, held, dt=0.004)
                 estimate = planner.fill
                 info = (seed, share, gap, s.describe(), peak / cache)
                 assert peak <= 0.93 * cache, info
