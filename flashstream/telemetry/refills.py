@@ -14,8 +14,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 from .cliff import fast_until, find_cliff, intervals, mean_rate
 from .write_on import point_timeline, timed_write
 
-__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "refill_cliff",
-           "refill_drain", "stop_below", "two_readings"]
+__all__ = ["CONSISTENT_SHARE", "MAX_IDLE", "cut_bound", "measure_refills", "most_drain",
+           "refill_cliff", "refill_drain", "stop_below", "two_readings"]
 
 
 MAX_IDLE = 15.0  # seconds: the longest idle gap before a refill
@@ -254,8 +254,8 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
     refill's cliff, bytes the refill wrote before it)``. Each took ``drain x seconds`` bytes,
     plus the same detection lag, so the difference of two readings gives the rate; a single
     reading gives it with the lag in (a little high), as do two that contradict each other (the
-    lower of the two then). None without a usable reading. At most
-    95% of ``fast``: a drive that folds as fast as it writes has no cliff to plan around."""
+    lower of the two then). None without a usable reading. At most :func:`most_drain`
+    (95% of ``fast``)."""
     usable = _usable(refills)
     if len(usable) >= 2:
         (t1, b1), (t2, b2) = usable[0], usable[-1]
@@ -274,8 +274,14 @@ def refill_drain(refills: Sequence[Tuple[float, float]],
         rate = usable[0][1] / usable[0][0]
     else:
         return None
-    cap = 0.95 * fast if fast else rate
-    return min(cap, max(rate, 1.0))
+    return min(most_drain(fast) or rate, max(rate, 1.0))
+
+
+def most_drain(fast: Optional[float]) -> Optional[float]:
+    """The fastest recovery rate a reading may give a drive whose new-file rate is ``fast``
+    (None: unknown): 95% of it. A drive that folds as fast as it writes has no cliff to plan
+    around."""
+    return 0.95 * fast if fast else None
 
 
 def two_readings(refills: Sequence[Tuple[float, float]]) -> bool:

@@ -34,6 +34,7 @@ from .probe import new_file_write
 from .refills import (
     MAX_IDLE,
     measure_refills,
+    most_drain,
     refill_drain,
     stop_below,
     two_readings,
@@ -279,7 +280,7 @@ def learn_after_save(model: WriteModel, directory: Union[str, os.PathLike], *, c
         # so, paced the save after into its cliff); a cut refill's bound beats the assumption.
         model.drain_rate = None
         if bound > (model.recovery_rate or 0.0):
-            model.drain_rate = min(bound, 0.95 * model.fast_rate)
+            model.drain_rate = min(bound, most_drain(model.fast_rate) or bound)
             model.note("drain_rate", LOWER_BOUND, "a refill cut short before its cliff")
             # The cache by the same drain the saves plan with, not by the fast end of drives
             # (_size_cache says why that is safe; by the fast end, 1.6 x the post-cache rate
