@@ -310,12 +310,14 @@ def _size_cache(model: WriteModel, start_fill: Callable[[float], float], cliff: 
     """The cache size a learning save's ``cliff`` gives by ``drain``: the fill it began from
     (``start_fill(drain)``) and the bytes before the cliff, less what drained meanwhile.
 
-    Sized and planned by the same drain, a cache and its fill estimate err together: a drain
-    read low by ``e`` puts the cache high by ``e`` x the seconds to the cliff, and the fill
-    estimate of a later burst from an empty cache (at the same new-file rate) high by the
-    same, so the burst meets the headroom where the drive's cache does. Every second after,
-    the estimate drains slower than the drive: it stays above the drive's fill. So a lower
-    bound on the drain sizes the cache as safely as the drain itself would."""
+    Sized and planned by the same drain, a cache and its fill estimate err together. By a
+    drain read low by ``e``, the cache comes out high by ``e`` x the seconds the learning save
+    took to its cliff, and a later burst from an empty cache (at the same new-file rate)
+    counts its fill high by ``e`` x its own seconds: it reaches a share of the larger cache
+    after that share of those seconds, when the drive's cache is at that share of its own.
+    After, the estimate drains slower than the drive and stays above its fill. So a lower
+    bound on the drain sizes the cache as safely as the drain itself would
+    (``test_a_cache_sized_by_a_drain_read_low_keeps_saves_out_of_the_cliff``)."""
     size = start_fill(drain) + cliff.bytes_before - drain * cliff.seconds
     if size > 0:
         model.cache_size = size
