@@ -4,6 +4,7 @@ model's learning, RateControl through each engine, and saves on an emulated driv
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
@@ -117,6 +118,12 @@ def test_an_unpaced_burst_is_paced_at_its_headroom_not_a_tick_past_it(drive):
     assert ticked.fill + ticked.lead > paced.limit + 50e6
     fits = CachePlanner(total=int(0.5e9), cache_size=1e9, recovery_rate=300e6)
     assert SaveController(fits, fast_rate=3e9)._burst_wait(fits) == 0.05  # unpaced to its end
+    # Past its deadline, unpaced as the cache allows: no headroom steers it, a tick apart
+    # (it looked every 2 ms).
+    late = CachePlanner(total=int(0.5e9), cache_size=1e9, recovery_rate=300e6, deadline=1.0)
+    late.advance(1e8, 2.0)
+    assert late.rate() == 0 and late.burst_left() == math.inf
+    assert SaveController(late, fast_rate=3e9)._burst_wait(late) == 0.05
 
 
 def test_past_the_headroom_it_paces_to_the_ceiling_at_the_sustained_drain():

@@ -199,10 +199,15 @@ class CachePlanner:
         return pace
 
     def burst_left(self) -> float:
-        """Bytes an unpaced write may still add before :meth:`rate` paces it (inf: it never
+        """Bytes an unpaced write may still add before the headroom paces it (inf: it never
         will; 0: it paces now). The controller looks again before they are written: a look
-        a fixed tick later let a burst of a few GB/s run a tick past the headroom."""
-        if self.recovering or self.needed() or self.slo_cap is not None:
+        a fixed tick later let a burst of a few GB/s run a tick past the headroom. Past its
+        deadline a save writes as fast as the cache allows (:meth:`_cliff_free`), which no
+        headroom steers: inf, and the controller looks every tick (with 0, every 2 ms)."""
+        needed = self.needed()
+        if math.isinf(needed):
+            return math.inf
+        if self.recovering or needed or self.slo_cap is not None:
             return 0.0
         return self._unpaced_room(max(0.0, self.total - self.done))
 
