@@ -81,6 +81,7 @@ from _open_loop import latency_summary, read_calls
 from tqdm import tqdm
 
 from flashstream import CheckpointWriter
+from flashstream.checkpoint.drive_probe import measure_sustained
 from flashstream.emulation import (
     RANDOM_RANGES,
     DriveEmulator,
@@ -89,7 +90,7 @@ from flashstream.emulation import (
     random_settings,
 )
 from flashstream.sizes import format_size, parse_size
-from flashstream.telemetry import write_learning
+from flashstream.telemetry import drive_model
 from flashstream.telemetry.fio import fio_available
 
 # In this order: none is the SLO's baseline, fio-paced takes auto's pace.
@@ -146,7 +147,7 @@ def run(args) -> int:
     root = args.dir / f"emulated-{args.emulate}"
     root.mkdir(parents=True, exist_ok=True)
     info = _bench.environment(args.dir)
-    write_rate = write_learning.drive_write_rate(args.dir)  # the real drive's (its own cache)
+    write_rate = drive_model.remembered_write_rate(args.dir)  # the real drive's (its own cache)
     # From here on the write model is the emulated drive's: a cache directory of its own.
     os.environ["XDG_CACHE_HOME"] = str(root / "model-cache")
     shutil.rmtree(root / "model-cache", ignore_errors=True)
@@ -219,18 +220,18 @@ def learn(directory: Path, settings: DriveSettings) -> Dict[str, object]:
     with DriveEmulator(directory, settings) as drive, tqdm(
             desc="learning the write model", total=3, leave=False, disable=None) as bar:
         drive.add_process()
-        model = write_learning.learn_sustained(directory, size,
-                                            progress=lambda _m: bar.update(1))
+        model = measure_sustained(directory, size,
+                                   progress=lambda _m: bar.update(1))
     errors = {
         "cache_size": model.cache_size / settings.cache_size - 1 if model.cache_size else None,
         "post_cache_rate": (model.post_cache_rate / settings.post_cache_rate - 1
                             if model.post_cache_rate else None),
-        "recovery_rate": (model.recovery_rate / settings.drain_rate - 1
-                          if model.recovery_rate else None)}
+        "recovery_rate": (model.drain / settings.drain_rate - 1
+                          if model.drain else None)}
     described = model.describe() + "\n  against the emulator: " + ", ".join(
         f"{k} {v:+.1%}" for k, v in errors.items() if v is not None)
     return {"cache_size": model.cache_size, "post_cache_rate": model.post_cache_rate,
-            "recovery_rate": model.recovery_rate, "fast_rate": model.fast_rate,
+            "recovery_rate": model.drain, "fast_rate": model.fast_rate,
             "errors": errors, "describe": described}
 
 

@@ -44,6 +44,7 @@ import _learning  # noqa: E402
 import _plot  # noqa: E402
 import _training  # noqa: E402
 
+from flashstream.emulation import PROFILES  # noqa: E402
 from flashstream.sizes import parse_size  # noqa: E402
 
 
@@ -120,8 +121,9 @@ def parse_args(argv=None):
                                     "best each drive allows: benchmarks/_learning.py)")
     learning.add_argument("--learning", action="store_true",
                           help="with --emulate random: per drive, a fresh start and stored "
-                               "models 4 x too slow and too fast, each save against the "
-                               "shortest cliff-free duration")
+                               "models 4 x too slow and too fast (measured minutes ago), a "
+                               "reader beside, each save against the shortest cliff-free "
+                               "duration")
     learning.add_argument("--drives", type=int, default=10, help="drives drawn (default 10)")
     learning.add_argument("--seeds", default=None,
                           help="the drives' seeds, such as 14,17,20 (instead of --seed and "
@@ -132,6 +134,9 @@ def parse_args(argv=None):
                           help="each save's bytes as a share of the cache (default 1.75)")
     learning.add_argument("--max-cache", default="1GiB",
                           help="caches drawn larger are scaled down to this (default 1GiB)")
+    learning.add_argument("--profiles", default="plc,qlc",
+                          help="the profiles run beside the random drives (default plc,qlc; "
+                               "'' for none)")
     p.add_argument("--json", type=Path, default=None,
                    help="default: bench-results/checkpoint.json "
                         "(checkpoint-emulated-plc.json with --emulate plc)")
@@ -147,6 +152,8 @@ def parse_args(argv=None):
         name = "checkpoint-learning"
         args.scenarios = _chosen(p, args.scenarios, _learning.SCENARIOS, "--scenarios")
         args.max_cache = parse_size(args.max_cache, name="--max-cache")
+        args.profiles = _chosen(p, args.profiles, PROFILES, "--profiles") \
+            if args.profiles.strip() else []
         if args.drives < 1 or args.saves < 3 or not 1 <= args.size_share <= 10:
             p.error("--learning needs --drives >= 1, --saves >= 3 and --size-share in [1, 10]")
         if args.seeds is not None:

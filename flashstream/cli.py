@@ -53,18 +53,18 @@ def cmd_device(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Measure the drive behind a directory (cached per device; --refresh measures again)."""
-    # --sustained is measured once, by the write model's learning below (not also by the grid).
+    # --sustained is measured once, by the write model's probe below (not also by the grid).
     config = ProbeConfig(size=args.size, seconds=args.seconds)
     with tqdm(desc="probe", bar_format="{desc}: {elapsed} {postfix}",
               disable=args.json or not sys.stderr.isatty()) as bar:
         result = probe(args.path, config=config, engine_kind=args.engine, refresh=args.refresh,
                        progress=lambda step: bar.set_postfix_str(step))
     if args.sustained:
-        from .telemetry.write_learning import learn_sustained
+        from .checkpoint.drive_probe import measure_sustained
 
-        model = learn_sustained(args.path, args.sustained)
+        model = measure_sustained(args.path, args.sustained)
     else:
-        from .telemetry.write_model import load_model
+        from .telemetry.drive_model import load_model
 
         model = load_model(args.path)
     if args.json:

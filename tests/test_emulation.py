@@ -264,9 +264,9 @@ def test_a_write_at_full_speed_reads_its_cliff_where_the_cache_is_full(tmp_path)
     cache, each write ran fast for a burst (``post_cache_rate`` x the kernel's slice) and a
     reaction beyond it, and read the cache 7-11% large here (34-114 MB on 1 GiB emulated
     caches): a save paced to that cache met its cliff unseen."""
+    from flashstream.checkpoint.cliff_watch import bytes_at
+    from flashstream.checkpoint.drive_probe import _write, find_cliff
     from flashstream.emulation import DriveEmulator
-    from flashstream.telemetry.cliff import find_cliff
-    from flashstream.telemetry.write_on import point_timeline, timed_write
 
     s = DriveSettings(cache_size=256 * MiB, post_cache_rate=180e6, drain_rate=120e6,
                       fast_rate=400e6)
@@ -276,10 +276,11 @@ def test_a_write_at_full_speed_reads_its_cliff_where_the_cache_is_full(tmp_path)
         drive.add_process()
         for _ in range(2):
             time.sleep(1.2 * s.cache_size / s.drain_rate)  # folded empty
-            point, _, _ = timed_write(tmp_path, int(2.5 * s.cache_size))
-            cliff = find_cliff(point_timeline(point), unpaced=True)
-            assert cliff is not None, point.timeline
-            readings.append((cliff.bytes_before - s.drain_rate * cliff.seconds) / s.cache_size)
+            looks, _, _ = _write(tmp_path, int(2.5 * s.cache_size))
+            cliff = find_cliff(looks)
+            assert cliff is not None, looks
+            at = cliff[0]
+            readings.append((bytes_at(looks, at) - s.drain_rate * at) / s.cache_size)
     assert all(0.96 <= r <= 1.04 for r in readings), readings
 
 
@@ -317,8 +318,8 @@ def test_what_is_learned_under_the_emulator_is_kept_apart_from_the_real_drive(tm
     it goes to a directory of the emulated drive's own, in this process and in a command
     run under it, and the real drive's stays where it was."""
     from flashstream.emulation import DriveEmulator
+    from flashstream.telemetry.drive_model import model_path
     from flashstream.telemetry.probe import EMULATED_DRIVE_ENV
-    from flashstream.telemetry.write_model import model_path
 
     real = model_path(tmp_path)
     assert EMULATED_DRIVE_ENV not in os.environ

@@ -1,6 +1,6 @@
 """benchmarks/checkpoint.py --emulate random --learning, its accounting without a drive: the
 shortest cliff-free save it judges against, which seconds in the cliff each save is charged
-with, and which saves each of issue 32's targets counts."""
+with, and which runs and saves each of issue 48's targets counts."""
 
 from __future__ import annotations
 
@@ -69,27 +69,31 @@ def test_a_cliff_counts_to_the_save_whose_write_or_measurement_left_it():
     assert third["cliff_s"] == 0.0 and third["cliff_before_s"] == 0.0
 
 
-def _rows(cliffs, ratios, measured_at=None):
-    return [{"step": k, "cliff_s": c, "ratio": r,
-             "measured": "why" if k == measured_at else None}
-            for k, (c, r) in enumerate(zip(cliffs, ratios))]
+def _run(cliffs, ratios, after, written=1.0):
+    return {"saves": [{"step": k, "cliff_s": c, "ratio": r}
+                      for k, (c, r) in enumerate(zip(cliffs, ratios))],
+            "cliff_after_first_s": after, "written_share": written}
 
 
-def test_the_targets_count_the_saves_issue_32_names():
-    drives = [{"seed": 7, "scenarios": {
-        # Fresh: the first save learns (its cliff is free); from the second, none.
-        "fresh": {"saves": _rows([3.0, 0.0, 0.4, 0.0], [0.6, 2.0, 1.1, 1.31])},
-        # A wrong model: clean after the first save that measured the drive (the second
-        # here), within 1.3 x from the third save on.
-        "slow": {"saves": _rows([0.0, 2.0, 0.0, 0.0], [5.0, 1.0, 1.3, 1.2], measured_at=1)},
-        "fast": {"saves": _rows([1.0, 0.0, 0.0, 0.1], [0.9, 1.0, 1.1, 1.1], measured_at=0)},
+def test_the_targets_count_the_runs_and_saves_issue_48_names():
+    drives = [{"name": "seed 7", "seed": 7, "scenarios": {
+        # Fresh: the first save's cliff is free, 0.4 s after it is within 0.5; from the third
+        # save on, each within 1.3 x (a cliff then counts only through the 0.5 s).
+        "fresh": _run([3.0, 0.4, 0.0, 0.0], [0.6, 2.0, 1.1, 1.31], after=0.4),
+        # A wrong model: at most 1 s after the first save, and from the third out of the cliff.
+        "slow": _run([2.0, 0.5, 0.0, 0.1], [5.0, 1.0, 1.3, 1.2], after=0.6),
+        "fast": _run([1.0, 0.0, 0.0, 0.0], [0.9, 1.0, 1.1, 1.1], after=1.2, written=1.07),
     }}]
     verdicts = _learning.check_targets(drives)
-    cliff = {s: verdicts[f"{s}: saves in the cliff after learning"] for s in _learning.SCENARIOS}
-    slow = {s: verdicts[f"{s}: saves from the third over 1.3 x the shortest"]
-            for s in _learning.SCENARIOS}
-    assert cliff["fresh"]["misses"] == ["seed 7 save 2: 0.40 s"]
-    assert slow["fresh"]["misses"] == ["seed 7 save 3: 1.31 x"]  # save 1's 2.0 x is free
-    assert cliff["slow"]["met"] and slow["slow"]["met"]  # 1.3 x is within
-    assert cliff["fast"]["misses"] == ["seed 7 save 3: 0.10 s"] and slow["fast"]["met"]
-    assert not cliff["fresh"]["met"] and cliff["fresh"]["value"] == 1.0
+
+    def misses(name):
+        return verdicts[name]["misses"]
+
+    assert misses("fresh: runs over 0.5 s in the cliff after the first save") == []
+    assert misses("fresh: saves from the third over 1.3 x the shortest") == [
+        "seed 7 save 3: 1.31 x"]  # save 1's 2.0 x is free
+    assert misses("slow: saves from the third in the cliff") == ["seed 7 save 3: 0.10 s"]
+    assert misses("slow: saves from the third over 1.3 x the shortest") == []  # 1.3 is within
+    assert misses("fast: runs over 1 s in the cliff after the first save") == ["seed 7: 1.20 s"]
+    assert misses("fast: runs writing over 1.05 x the checkpoints") == ["seed 7: 1.070 x"]
+    assert verdicts["fresh: runs writing over 1.05 x the checkpoints"]["met"]

@@ -131,6 +131,11 @@ class PythonOutputFile:
         self.close()
 
 
+#: Seconds a paced write waits at most before it looks at its controlling thread's pace again
+#: (the core's kControlPollSeconds).
+CONTROL_POLL_S = 5e-3
+
+
 class _PacedWrite:
     """One write's requests in flight, pacing, windows, timeline and first error."""
 
@@ -172,15 +177,24 @@ class _PacedWrite:
             length = min(length, max(paced_length, grown))
         if self.pacer is not None and self.error is None:
             now = time.perf_counter()
-            delay = self.pacer.admit(length, now - self.start)
+            began, delay = now, self.pacer.admit(length, now - self.start)
             while self.error is None and (left := now + delay - time.perf_counter()) > 0:
+                if self.control is not None and self.control.rate != self.pacer.rate:
+                    # A new pace from the controlling thread: a fresh schedule from now, the
+                    # request admitted again under it (as the core does).
+                    self.pacer = self._make_pacer(self.control.rate)
+                    now = time.perf_counter()
+                    delay = self.pacer.admit(length, now - self.start)
+                    continue
+                if self.control is not None:  # wake often enough to see a new pace
+                    left = min(left, CONTROL_POLL_S)
                 if self.pending:  # collect completions while waiting, as the core does
                     self._collect(wait(self.pending, timeout=left,
                                        return_when=FIRST_COMPLETED)[0])
                 else:
                     time.sleep(left)
             if delay > 0:
-                self.paused += time.perf_counter() - now
+                self.paused += time.perf_counter() - began
         return length if self.error is None else 0
 
     def submit(self, pool: ThreadPoolExecutor, pos: int, end: int) -> None:

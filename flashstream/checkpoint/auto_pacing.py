@@ -1,114 +1,150 @@
 """``rate="auto"`` for one CheckpointWriter: what it carries from one save to the next.
 
-A save's data write is paced by a :class:`~flashstream.checkpoint.save_control.SaveController`
-planned from the drive's write model. Between saves the writer keeps what that plan needs and
-no single save knows: when the last save's data ended and how many bytes the drive had taken
-then (other writers fill the cache too), how long a save's tail took (header, sync, commit,
-pruning: ``within`` must leave it over), and the learner that refreshes the model after each
-save (checkpoint/drive_learning.py).
+Each save's data write is paced by a :class:`~flashstream.checkpoint.save_control.
+SaveController` from the drive's model, and the model learns from the save after its commit
+(drive_learning.py). Between saves the writer keeps what no single save knows: when the last
+save's data ended and the drive's counters then (what the drive took since, from any writer,
+fills its cache; the reads completed since say how fast they are while the drive is quiet),
+how long a save's tail takes (``within`` must leave it over), and whether this writer has read
+the drive's drain itself yet. Until it has, a save that needs pacing measures the drive: a
+model learned by someone else, or earlier, may be wrong either way, however recent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
-from concurrent.futures import Executor
 from typing import Dict, Optional, Tuple
 
 from ..telemetry.device import device_of
-from ..telemetry.diskstats import disk_bytes_written
-from ..telemetry.write_model import WriteModel, load_model
+from ..telemetry.diskstats import disk_counters
+from ..telemetry.drive_model import MEASURED, DriveModel, StartFill, load_model
 from .config import WriterConfig
-from .drive_learning import DriveLearner
-from .pacing import PlanSettings
-from .save_control import SaveController, plan_save
+from .drive_learning import learn
+from .pacing import DEFAULT_SETTINGS, PlanSettings
+from .save_control import PacingThread, SaveController, describe
 
-__all__ = ["AutoPacing", "AutoSave"]
+__all__ = ["AutoPacing", "AutoSave", "planned_seconds", "save_kind", "trial_pace"]
 
 #: Seconds of a save's tail (header, sync, commit) before one was timed.
 FIRST_TAIL_S = 0.2
 # Seconds per byte of pruning an older checkpoint before one was timed, by how it is removed:
 # unlinked at once (freeing its extents), a slice at a time on an online-discard filesystem
-# (store.remove_step), or recycled (renames and a scan of /proc for readers: milliseconds
-# whatever its size). Measured figures: docs/benchmarks.md, "Figures behind the defaults".
+# (store.remove_step), or recycled (renames: milliseconds whatever its size). Measured figures:
+# docs/benchmarks.md, "Figures behind the defaults".
 FIRST_PRUNE_S_PER_BYTE = 0.25e-9
 FIRST_GRADUAL_PRUNE_S_PER_BYTE = 0.35e-9
 FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
+#: The fewest reads between saves that give the drive's quiet read latency.
+QUIET_READS = 20
+#: Seconds a drive seen to need that long to leave its cliff (its margin over its drain)
+#: would hold reads if a test met its cliff: beyond, no test (the cliff costs the reads beside
+#: it more than a faster plan gains; docs/checkpoint.md).
+TEST_EXIT_S = 0.3
+#: Tests of one writer that may meet the cliff before it plans with what it knows.
+TEST_CROSSINGS = 2
+#: A save tests a faster drain only where the drain it plans with could make it take this
+#: many times as long as the fastest drain to expect: below, the cliff that may come costs the
+#: reads beside it more than the save could gain.
+TEST_GAIN = 1.15
 
 
 @dataclasses.dataclass
 class AutoSave:
-    """One save's plan: the model it planned from, its controller, the bytes other writers
-    gave the drive since the last save, and the cache fill it starts from. ``planned``: the
-    model's figures as the save planned (the learner updates ``model`` after it)."""
+    """One save's pacing: the model it started from, the thread that paces it, the cache's
+    fill at its start by a drain rate, and the drive's counters then."""
 
-    model: WriteModel
-    controller: SaveController
-    written_since: float
-    start_fill: float
-    planned: Dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    model: DriveModel
+    pacing: PacingThread
+    start_fill: StartFill
+    start_disk: Optional[Tuple[int, int, int]]
+    planned: Dict[str, Optional[float]]
+    kind: str              # "measure", "test" or "model": how the save learns the drive
+    others_before: float   # bytes the drive took since the model's fill estimate
 
 
 class AutoPacing:
     """The writer's side of ``rate="auto"`` (see the module docstring); with another rate it
     only keeps the tail and pruning estimates (``time_left`` is for ``within``)."""
 
-    def __init__(self, directory: os.PathLike, config: WriterConfig, executor: Executor, *,
+    def __init__(self, directory: os.PathLike, config: WriterConfig, *,
                  online_discard: bool) -> None:
         self.directory, self.config = directory, config
-        self.learner = DriveLearner(directory, executor)
+        self.measured = False  # this writer measured the drive
+        self.crossings = 0  # tests of this writer that met the cliff
         self.tail_s = FIRST_TAIL_S
-        # (time.time(), the drive's written bytes) when the last save's data ended
-        self.disk_mark: Optional[Tuple[float, Optional[int]]] = None
+        # (time.time(), the drive's counters) when the last save's data ended
+        self.mark: Optional[Tuple[float, Optional[Tuple[int, int, int]]]] = None
         self.prune_s_per_byte = (FIRST_RECYCLE_S_PER_BYTE if config.recycle
                                  else FIRST_GRADUAL_PRUNE_S_PER_BYTE if online_discard
                                  else FIRST_PRUNE_S_PER_BYTE)
-        self.prune_s = 0.0  # the last save's pruning (part of its tail, timed apart)
+        self.prune_s = 0.0
         self._disk_name: Optional[str] = None
 
-    def plan(self, *, capacity: int, time_left: Optional[float]) -> Optional[AutoSave]:
-        """The plan of the save about to write ``capacity`` bytes (None: not rate="auto")."""
+    def plan(self, *, capacity: int, time_left: Optional[float],
+             counted: bool) -> Optional[AutoSave]:
+        """The pacing of the save about to write ``capacity`` bytes (None: not rate="auto").
+        ``counted``: the drive's counter sees the save's bytes as they complete (O_DIRECT)."""
         cfg = self.config
         if cfg.rate != "auto":
             return None
         model = load_model(self.directory)
-        written_since = self._written_since(model)
-        controller = plan_save(
-            model, total=capacity, within=time_left,
-            settings=PlanSettings(deadline_policy=cfg.deadline_policy), read_slo=cfg.read_slo,
-            disk=self.disk(), lead=cfg.chunk_size * cfg.queue_depth,
-            min_rate=cfg.adaptive.min_rate, written_since=written_since)
-        start_fill = model.fill_at(written=written_since)
+        disk = self.disk() if counted else None
+        now, counters = time.time(), _counters(disk)
+        start_fill = model.start_fill(now, None if counters is None else counters[0])
+        settings = PlanSettings(deadline_policy=cfg.deadline_policy)
+        measure, test = save_kind(model, capacity, start_fill(model.drain or 0.0),
+                                  deadline=time_left, measured=self.measured,
+                                  crossings=self.crossings, settings=settings)
+        self.measured = self.measured or measure
+        controller = SaveController(
+            model, total=capacity, start_fill=start_fill, measure=measure, test=test,
+            deadline=time_left, settings=settings, lead=cfg.chunk_size * cfg.queue_depth,
+            min_rate=cfg.adaptive.min_rate, quiet_read_s=self._quiet_read_s(counters),
+            read_slo=cfg.read_slo)
         planned = {"fast_rate": model.fast_rate, "cache_size": model.cache_size,
-                   "post_cache_rate": model.post_cache_rate,
-                   "recovery_rate": model.planning_recovery, "fill": start_fill}
-        return AutoSave(model, controller, written_since, start_fill, planned)
+                   "post_cache_rate": model.post_cache_rate, "drain": model.drain,
+                   "drain_how": model.how("drain_rate"),
+                   "fill": start_fill(model.drain or 0.0)}
+        kind = "measure" if measure else "test" if test else "model"
+        since = model._written_since(None if counters is None else counters[0])
+        return AutoSave(model, PacingThread(controller, disk, cfg.read_slo), start_fill,
+                        counters, planned, kind, since)
+
+
+    def _quiet_read_s(self, counters: Optional[Tuple[int, int, int]]) -> Optional[float]:
+        """The mean read latency on the drive since the last save's data ended (quiet)."""
+        if self.mark is None or self.mark[1] is None or counters is None:
+            return None
+        reads, read_ms = counters[1] - self.mark[1][1], counters[2] - self.mark[1][2]
+        return read_ms / 1e3 / reads if reads >= QUIET_READS else None
 
     def time_left(self, called: float, tail_extra: float) -> Optional[float]:
         """Seconds the data write has to finish by ``within`` (counted from the save() call,
-        time.perf_counter()), less the time already gone and the save's tail (header, sync,
-        commit), plus ``tail_extra`` (pruning the oldest checkpoint where ``keep`` will)."""
+        time.perf_counter()), less the time gone and the save's tail (header, sync, commit),
+        and ``tail_extra`` (pruning the oldest checkpoint where ``keep`` will)."""
         if self.config.within is None:
             return None
         left = self.config.within - (time.perf_counter() - called) - self.tail_s - tail_extra
         return max(left, 1e-3)
 
-    def data_ended(self, ended: float, disk: Optional[str]) -> None:
-        """The save's data ended at ``ended`` (time.time()): what the drive takes from here
-        on fills the next save's estimate."""
-        self.disk_mark = (ended, disk_bytes_written(disk))
-
-    def learn(self, save: AutoSave, data: dict, *, total: int, ended: float, began: float,
-              full_at: float) -> Dict[str, object]:
-        """After the commit: the model learns from this save (the report's ``pacing``, with
-        the figures it planned from under ``"model"``)."""
-        pacing = self.learner.learn(
-            save.model, save.controller, data, total=total, start_fill=save.start_fill,
-            ended=ended, written_since=save.written_since, began=began, full_at=full_at,
-            deadline=self.config.within)
-        pacing["model"] = save.planned
-        return pacing
+    def learn(self, save: AutoSave, *, total: int, ended: float) -> Dict[str, object]:
+        """After the commit: the model learns from the save (``ended``: time.time() when its
+        data ended); returns the report's ``pacing``."""
+        record = save.pacing.record
+        disk = self.disk()
+        counters = _counters(disk)
+        self.mark = (ended, counters)
+        end_disk = None if counters is None else counters[0]
+        learn(save.model, record, total=total, start_fill=save.start_fill, ended=ended,
+              ended_disk=end_disk if save.pacing.disk else None)
+        self.crossings += save.kind == "test" and bool(record.cliffs)
+        out = describe(record)
+        out.update(plan=save.kind, model=save.planned, others_before_bytes=save.others_before,
+                   others_during_bytes=record.others_bytes)
+        return out
 
     def pruned(self, seconds: float, file_size: int) -> None:
         self.prune_s = seconds
@@ -123,12 +159,67 @@ class AutoPacing:
                 self._disk_name = ""
         return self._disk_name or None
 
-    def _written_since(self, model: WriteModel) -> float:
-        """Bytes the drive took since this writer's last save ended its data (this writer's
-        header, sync and pruning, other processes' writes), where the model's fill estimate
-        dates from then: they fill the drive's cache too. 0 when unknown."""
-        mark = self.disk_mark
-        if mark is None or mark[1] is None or model.fill_time != mark[0]:
-            return 0.0
-        now = disk_bytes_written(self.disk())
-        return float(max(0, now - mark[1])) if now is not None else 0.0
+
+def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Optional[float],
+              measured: bool, crossings: int, settings: PlanSettings = DEFAULT_SETTINGS
+              ) -> Tuple[bool, Optional[float]]:
+    """How the next save learns the drive: (measure, test pace).
+
+    - A drive seen for the first time that may not take the save without a cliff: measure.
+    - A save the model says needs no pacing, or one with a deadline (which measuring could not
+      keep): plan.
+    - The first such save of a writer: measure (a model learned by someone else, or earlier,
+      may be wrong either way however recent, and only a cliff tells).
+    - While the drain is not measured, and no schedule the drive took clear before covers the
+      save: test a faster pace (``trial_pace``), where the save goes past the model's cliff,
+      knowing the drain could shorten it by more than ``TEST_GAIN``, the drive leaves its
+      cliff soon enough (``TEST_EXIT_S``), and fewer than ``TEST_CROSSINGS`` tests of this
+      writer met the cliff."""
+    if model.cliff is None:
+        return model.clear is None or model.clear.total < capacity, None
+    if deadline is not None or fill + capacity <= settings.headroom * model.cache_size:
+        return False, None
+    if not measured:
+        return True, None
+    clear = model.clear
+    if crossings >= TEST_CROSSINGS or model.how("drain_rate") == MEASURED or not (
+            model.post_cache_rate and model.fast_rate) or capacity <= model.cliff.bytes or (
+            clear is not None and clear.total >= capacity and fill <= clear.start_fill):
+        return False, None
+    if model.cliff_margin is not None and model.cliff_margin > TEST_EXIT_S * model.drain:
+        return False, None  # a cliff the test meets would hold the reads too long
+    pace = trial_pace(model)
+    now = planned_seconds(model, model.drain, capacity, settings)
+    best = planned_seconds(model, pace, capacity, settings)
+    return False, pace if pace > model.drain and now > TEST_GAIN * best else None
+
+
+def trial_pace(model: DriveModel) -> float:
+    """The pace a test writes at past its burst: midway between the drive's rates before and
+    in its cliff (a cliff then shows as the write falling short), or, once a test met the
+    cliff at some pace, midway between that and the drain known (a bisection)."""
+    high = 0.5 * (model.fast_rate + model.post_cache_rate)
+    if model.crossed is not None:
+        high = min(high, model.crossed)
+    return 0.5 * (model.drain + high) if model.crossed is not None else high
+
+
+def planned_seconds(model: DriveModel, drain: float, capacity: float,
+                    settings: PlanSettings = DEFAULT_SETTINGS) -> float:
+    """Seconds a save of ``capacity`` bytes from an empty cache takes when planned by the
+    model with ``drain`` (the cache sized by it): unpaced to the headroom, then at the
+    sustained share of the drain."""
+    fast, cache = model.fast_rate or math.inf, model.cliff.cache(drain)
+    burst = settings.headroom * cache * (fast / (fast - drain) if fast > drain else math.inf)
+    if capacity <= burst:
+        return capacity / fast
+    return burst / fast + (capacity - burst) / (settings.sustain * drain)
+
+
+def _counters(disk: Optional[str]) -> Optional[Tuple[int, int, int]]:
+    """The drive's (bytes written, reads completed, ms spent reading); None where unknown."""
+    try:
+        c = disk_counters(disk)
+    except (OSError, NotImplementedError):
+        return None
+    return None if c is None else (int(c.write_bytes), int(c.read_count), int(c.read_time))

@@ -18,29 +18,16 @@ Rate = Union[None, int, float, str]
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveSettings:
-    """How ``rate="auto"`` finds the write cliff (see docs/checkpoint.md).
+    """``rate="auto"``'s floor: min_rate, the slowest pace it sets while reads miss
+    ``read_slo`` (bytes/s, or a size string per second)."""
 
-    window: seconds of completions per throughput measurement.
-    cliff_ratio: a window below this share of the running peak counts as in the cliff.
-    cliff_windows: consecutive low windows that confirm a cliff.
-    margin: pace at this share of the throughput measured in the cliff.
-    min_rate: never pace below this (bytes/s, or a size string per second).
-    """
-
-    window: float = 0.1
-    cliff_ratio: float = 0.5
-    cliff_windows: int = 2
-    margin: float = 0.9
     min_rate: Size = "16MiB"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_rate", parse_size(self.min_rate, name="min_rate"))
-        if not 0.001 <= self.window <= 60:
-            raise ValueError(f"window must be from 0.001 to 60 seconds, got {self.window}")
-        if not 0 < self.cliff_ratio < 1 or not 0 < self.margin <= 1:
-            raise ValueError("cliff_ratio must be in (0, 1) and margin in (0, 1]")
-        if not 1 <= self.cliff_windows <= 16:
-            raise ValueError(f"cliff_windows must be from 1 to 16, got {self.cliff_windows}")
+        if self.min_rate <= 0:
+            raise ValueError(f"min_rate must be a positive number of bytes/s, got "
+                             f"{self.min_rate!r}")
 
 
 def parse_rate(rate: Rate) -> Union[None, float, str]:

@@ -50,6 +50,11 @@ class SaveReport:
     probe_write: Optional[ProbePoint] = None       # the probe's best sequential write
     probe_same_shape: Optional[ProbePoint] = None  # the probe's write at our request shape
     pacing: Optional[Dict[str, object]] = None  # auto: the plan, cache estimates, cliffs seen
+    # Bytes the save's own requests wrote (data and header), and the bytes the drive's counter
+    # says it took from every writer from the first request to the commit (None: no counter).
+    # A save writes nothing else: what rate="auto" learns of the drive comes from these.
+    written_bytes: int = 0
+    drive_bytes: Optional[int] = None
 
     @property
     def gbps(self) -> float:

@@ -1,266 +1,662 @@
-"""The controller thread of a ``rate="auto"`` save, and the plan it starts from.
+"""The pace of one ``rate="auto"`` save, set while it writes, and what the save showed of the
+drive: the saves are the measurements, and they write nothing but the checkpoint.
 
-Every ``tick`` seconds it reads the write's progress (an ``engine.RateControl``) and the
-drive's written bytes, and sets the pace, in one of two modes:
+:class:`SaveController` is clock-free: it is handed a look at the write's progress (seconds,
+bytes it completed, bytes the drive took from every writer, the reads on the drive) and
+answers the pace. :class:`PacingThread` runs it against a write in flight. Its modes:
 
-- **planning**: the :class:`~flashstream.checkpoint.pacing.CachePlanner`'s pace (lowered while
-  reads miss ``read_slo``), from the drive's write model;
-- **measuring**: unpaced, so that what the model learns is what the drive showed, not what a
-  pacer made it do. A save measures the drive
-  - from its start, where the model knows no cliff and no write this large without one (a
-    drive seen for the first time);
-  - from the moment its planned burst ends, where a figure of the model is not confirmed (never
-    measured, or measured longer than ``RECONFIRM_AFTER`` ago): the save then either meets the
-    cliff, measuring it, or shows the drive takes more than the model said;
-  - from a cliff the model did not predict (throughput below half the pace for a second: a
-    shorter slow stretch is as often the disk's own; or, paced at no more than half the
-    new-file rate, short of the pace by a fifth for two: a drive that could take the pace
-    from its cache falls short of it only in its cliff, where it may write at most of a pace
-    set near the drain): for ``MEASURE_S``, which gives the post-cache rate; then the save
-    paces at the sustained share of the recovery rate assumed from it
-    (``ASSUMED_DRAIN_SHARE``), which takes it out of the cliff. (Written on to its end
-    instead, so that refills could follow, saves met their cliffs for seconds each, save
-    after save, on the emulated drives of benchmarks/checkpoint.py --learning.) A save that
-    ends before it left the cliff ends with the cache full: refills follow it. So does one
-    whose model has unconfirmed figures (``probe``): it writes on in the cliff to its end,
-    and the refill confirms them all, where leaving the cliff left the cache size to the
-    next save, which measured it in a cliff of its own.
+- ``plan``: the :class:`~flashstream.checkpoint.pacing.CachePlanner`'s pace from the model.
+- ``burst``: unpaced until the cliff, on a drive seen for the first time or whose model this
+  writer has not yet seen confirmed (a model measured by someone else, or before, may be
+  wrong either way, and only a cliff tells how far).
+- ``pause``: from the cliff the save stops issuing, so the drive folds with its cache full
+  at the moment the last request completed (the *anchor*); ...
+- ``refill``: ... then writes unpaced again until its cliff comes back. Between the anchor and
+  that cliff nothing but the drive's folding made room, so the bytes the drive took over the
+  seconds between are its drain rate (every writer's bytes counted: the drive's counter).
+  Where the bytes run out first, that rate is a lower bound.
+- ``recover``: stopped again until the drive has freed the margin it was seen to need before
+  it left its cliff; then ``plan`` for the rest, from the figures just measured.
 
-  Written unpaced into its cliff to its end, a save leaves the drive's cache full; the writer
-  then measures the recovery rate with a refill (``telemetry.write_learning.
-  learn_after_save``).
+- ``test``: where the drain is not measured and the save starts with the cache empty, the
+  cliff the model holds (met from empty too) is tested: unpaced to the headroom's share of
+  the time it took (short of it, whatever the drain), then paced midway between the drive's
+  two rates. A drive that drains slower than that meets its cliff again late in the save,
+  and the two cliffs give the drain; one that does not ends the save close under its cliff,
+  which bounds the drain from below closely.
+
+In ``plan``, a cliff the plan did not predict (cliff_watch.py: the write falling short, or
+the reads beside it slowing) starts the same measurement: ``pause``, ``refill``.
+A deadline (``within=``) bounds all of it: once measuring would leave too little time for the
+rest at the drain, the save plans.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 from .. import engine
-from ..telemetry.diskstats import disk_bytes_written
+from ..telemetry.diskstats import disk_counters
+from ..telemetry.drive_model import (
+    ASSUMED_CLIFF_MARGIN,
+    LOWER_BOUND,
+    MEASURED,
+    DriveModel,
+    assumed_drain,
+)
 from ..telemetry.read_latency import ReadLatencyMonitor
-from ..telemetry.write_model import ASSUMED_DRAIN_SHARE, WriteModel
-from .pacing import CachePlanner, PlanSettings
+from .cliff_watch import (
+    DRIVE,
+    HOLD_S,
+    SHORTFALL,
+    SLICE_S,
+    Look,
+    ReadWatch,
+    bytes_at,
+    dropped,
+    onset,
+    rate_between,
+    stalled,
+)
+from .pacing import DEFAULT_SETTINGS, CachePlanner, PlanSettings
 
-__all__ = ["UNKNOWN_DRIVE", "UNPREDICTED_CLIFF", "SaveController", "plan_save"]
+__all__ = ["PLAN", "BURST", "PAUSE", "REFILL", "RECOVER", "REPEAT", "TEST", "PacingThread",
+           "SaveController",
+           "SaveRecord", "SeenCliff"]
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_DRIVE = "no cliff known for a write this large"
-UNPREDICTED_CLIFF = "a cliff the model did not predict"
-#: Seconds of throughput below half the pace that make a cliff the model did not predict.
-CLIFF_S = 1.0
-#: Seconds a save that met a cliff the model did not predict writes unpaced in it.
-MEASURE_S = 1.0
-#: A pace at most this share of the new-file rate the drive takes from its cache at ease: a
-#: shortfall of more than ``1 - SHORTFALL`` of it that lasts ``SHORTFALL_S`` beyond a CLIFF_S
-#: window is the drive's cliff. (In its cliff a drive writes at its post-cache rate, which
-#: can be most of a pace set near its drain: the half rule alone never saw such a cliff, and
-#: a drain the model had too high put save after save in it; docs/checkpoint.md, step 7.)
-SLOW_PACE_SHARE = 0.5
-SHORTFALL = 0.8
-SHORTFALL_S = 1.0
-#: The shortest wait between the controller's looks near the end of an unpaced burst (its
-#: tick otherwise): at a few GB/s, a few MB.
-MIN_WAIT_S = 0.002
-#: How many times the fastest rate seen a burst may take its last bytes at: the wait before
-#: the headroom halves at each look, so a lump the looks had not seen whole (each tick's
-#: look fell half-way through one, and saw the mean) cannot run past it. Looked at the rate
-#: seen, the emulated drive's throttle let 268 MB through in the last 43 ms (6.2 GB/s, where
-#: the looks had seen 2.7-3.1), and the cache reached 0.97 of its size against a limit of
-#: 0.88. It costs a few more looks, milliseconds apart, at the end of each burst.
-BURST_RATE_MARGIN = 2.0
+PLAN, BURST, PAUSE, REFILL, RECOVER, TEST, REPEAT = (
+    "plan", "burst", "pause", "refill", "recover", "test", "repeat")
+#: The pace that stops a write (bytes/s): a request waits far longer than any save lasts.
+PAUSE_RATE = 1.0
+#: Seconds between looks while the write is unpaced or measuring (a cliff is placed to about
+#: one), and otherwise.
+FINE_TICK_S, TICK_S = 0.02, 0.05
+#: Seconds of unpaced writing after a pause that tell whether the drive is out of its cliff:
+#: longer than one of the throttle's slices, whose burst passes at any rate.
+PROBE_S = 0.15
+#: The least pause before a refill (seconds): shorter, the drive has not folded a margin.
+MIN_PAUSE_S = 0.1
+#: A measuring write runs at this many times the drive's new-file rate, once known.
+BURST_OVER_FAST = 2.0
+#: The longest a save stops writing (seconds), whatever it waits for: past the longest any
+#: drive of docs/emulation.md's family needs to free its margin (a quarter of a cache of 2.5 s
+#: of fast writing, folding at half the slowest post-cache rate: under 9 s).
+MAX_STOP_S = 15.0
+#: How much longer each pause is than the last while the drive is still in its cliff.
+PAUSE_GROWTH = 1.5
+#: The fastest drain to expect, as a share of the post-cache rate: the fast end of
+#: docs/emulation.md's family (idle folding outruns folding under writes).
+FASTEST_DRAIN_SHARE = 1.6
+
+
+
+@dataclasses.dataclass
+class SeenCliff:
+    """A cliff the save met: when it began (seconds into the write), the write's bytes and
+    the drive's bytes then, what showed it, and what the save was doing."""
+
+    seconds: float
+    done: float
+    drive: float
+    shown_by: str   # "writes" or "reads"
+    during: str     # the mode it came in
+
+
+@dataclasses.dataclass
+class SaveRecord:
+    """What one save showed of the drive (checkpoint/drive_learning.py learns from it)."""
+
+    cliffs: List[SeenCliff] = dataclasses.field(default_factory=list)
+    fast_rate: Optional[float] = None      # the drive's own pace before a cliff
+    post_cache_rate: Optional[float] = None  # ... and in it (unpaced)
+    drain: Optional[float] = None          # bytes/s between the anchor and the next cliff
+    drain_how: Optional[str] = None        # MEASURED, or LOWER_BOUND (no cliff came)
+    drain_from: Optional[str] = None       # "refill" or "two cliffs"
+    exit_s: Optional[float] = None         # the drive was out of its cliff this long after
+    exit_bytes: float = 0.0                # the first anchor (at most), these bytes since
+    end_fill: Optional[float] = None       # the cache's fill at the end, by what was learned
+    ends_full: bool = False                # the save ended in its cliff
+    unpaced: bool = True                   # no pace held the write back anywhere
+    modes: List[tuple] = dataclasses.field(default_factory=list)  # (seconds, mode) changes
+    slo_misses: int = 0
+    conflict: bool = False
+    others_bytes: float = 0.0              # the drive's bytes from other writers meanwhile
+    test_pace: Optional[float] = None      # the pace a test save wrote its tail at
+    clear: Optional[tuple] = None          # (burst, pace, start fill): the schedule, where
+    #                                        it stayed clear
 
 
 class SaveController:
-    """Runs one save's pace against its write in flight (a thread; see the module docstring).
+    """The pace of one save (see the module docstring).
 
-    ``planner``: None where the save measures from its start. ``measuring``: why it does (None:
-    it plans). ``probe``: the model's unconfirmed figures; the save measures once its planned
-    burst ends."""
+    ``model``: the drive's model as the save starts; ``start_fill(drain)``: the cache's fill
+    at the start by a drain rate (the model's estimate is one value of it); ``measure``: burst
+    to the cliff and measure the drain (else plan); ``test``: the pace to test the model's
+    cliff at (the ``test`` mode of the module docstring); ``lead``: the bytes an unpaced
+    write keeps in flight; ``quiet_read_s``: the drive's mean read latency while quiet (None:
+    unknown)."""
 
-    def __init__(self, planner: Optional[CachePlanner], *, read_slo: Optional[float] = None,
-                 disk: Optional[str] = None, tick: float = 0.05, min_rate: float = 16 << 20,
-                 fast_rate: Optional[float] = None, measuring: Optional[str] = None,
-                 probe: Sequence[str] = ()) -> None:
-        if planner is None and measuring is None:
-            raise ValueError("a save without a plan measures the drive: give measuring=")
-        self.planner, self.read_slo, self.tick = planner, read_slo, tick
-        self.min_rate = min_rate
-        self.fast_rate = fast_rate
-        self.measuring = measuring
-        self.probe: List[str] = list(probe)
-        self.measured_from: Optional[float] = 0.0 if measuring else None  # s into the write
-        self.ends_full = measuring is not None  # written unpaced to the end (refills follow)
+    def __init__(self, model: DriveModel, *, total: float, start_fill: Callable[[float], float],
+                 measure: bool = False, test: Optional[float] = None,
+                 deadline: Optional[float] = None,
+                 settings: PlanSettings = DEFAULT_SETTINGS, lead: float = 0.0,
+                 min_rate: float = 16 << 20, quiet_read_s: Optional[float] = None,
+                 read_slo: Optional[float] = None) -> None:
+        self.model, self.total, self.start_fill = model, float(total), start_fill
+        self.deadline, self.settings, self.lead = deadline, settings, lead
+        self.min_rate, self.read_slo = min_rate, read_slo
+        self.fast, self.post, self.drain = model.fast_rate, model.post_cache_rate, model.drain
+        self.looks: List[Look] = [(0.0, 0.0, 0.0)]
+        self.reads = ReadWatch(quiet_read_s)
+        self.record = SaveRecord()
+        self.planner: Optional[CachePlanner] = None
+        self.mode = ""
+        self._since = 0.0       # when the mode began (seconds into the write)
+        self._run_from = 0.0    # when the current unpaced run (or steady pace) began
+        self._steady = 0.0      # the pace in force since then
+        self._anchors: List[Look] = []  # the moments since the cliff the cache may have been full
+        self._exit_bytes = 0.0
+        self._pause_s = 0.0
+        self._probed = False
+        self._first: Optional[SeenCliff] = None  # the cliff that sizes the cache
+        self._exit_s: Optional[float] = None
+        self._slo_next = 0.0
+        self._test_until = self._test_pace = 0.0
+        self._reads_held = False  # reads were seen held back since the last cliff
+        fill = start_fill(self.drain or 0.0)
+        clear = model.clear
+        if measure or not model.has_cliff and (clear is None or clear.total < total):
+            self._enter(BURST, 0.0)
+        elif clear is not None and clear.total >= total and fill <= clear.start_fill:
+            # Taken clear from an empty cache before: written the same way again.
+            self._test_until, self._test_pace = clear.burst, clear.pace
+            self._enter(REPEAT, 0.0)
+        elif test and model.has_cliff and self.fast and self.post:
+            # The cliff's bytes less the fill at the start by the fastest drain to expect
+            # (the emptiest start): short of the cliff for any drain at least that fast, and
+            # a cliff met before tells how much slower the drive drains. Then midway between
+            # the drive's two rates: a cliff then shows as the write falling short.
+            ref, fastest = model.cliff, FASTEST_DRAIN_SHARE * self.post
+            self._test_until = self.settings.headroom * (
+                ref.start_fill(fastest) + ref.bytes - start_fill(fastest))
+            self._test_pace = self.record.test_pace = test
+            self._enter(TEST, 0.0)
+        else:
+            self._plan(0.0, fill, model.cliff.cache(self.drain or 0.0) if model.has_cliff
+                       else None, resume=True)
+
+    # -- the look ------------------------------------------------------------------------
+    def pace(self) -> float:
+        """Bytes/s the write should run at now (0: unpaced)."""
+        if self.mode == PLAN:
+            return self.planner.rate()
+        scheduled = self.mode in (TEST, REPEAT)
+        if self.mode in (BURST, REFILL) or scheduled and (
+                self.looks[-1][DRIVE] < self._test_until or not self._test_pace):
+            # Once the drive's rate is known, paced far above it: the drive still sets the
+            # pace, and requests sized by the pace keep a fraction of an unpaced write's
+            # bytes in flight, which the cliff would otherwise take at its slow rate.
+            return BURST_OVER_FAST * self.fast if self.fast else 0.0
+        return self._test_pace if scheduled else PAUSE_RATE
+
+    def look(self, seconds: float, done: float, drive: Optional[float] = None,
+             reads: Optional[int] = None, read_s: Optional[float] = None,
+             read_p95: Optional[float] = None) -> float:
+        """The write completed ``done`` bytes after ``seconds``; the drive took ``drive`` bytes
+        from every writer since it began (None: unknown, only the write's own count); the
+        drive's read counters (``reads`` completed, ``read_s`` spent) and the readers' p95.
+        Returns the pace from now on."""
+        drive = done if drive is None else max(drive, done)
+        self.looks.append((seconds, float(done), float(drive)))
+        self.reads.add(seconds, reads, read_s)
+        {BURST: self._burst, PAUSE: self._pause, REFILL: self._refill, TEST: self._test,
+         REPEAT: self._test, RECOVER: self._recover, PLAN: self._planned}[self.mode](
+            seconds, float(done))
+        self.record.unpaced = self.record.unpaced and self.pace() == 0
+        if self.mode == PLAN and self.read_slo and read_p95 is not None:
+            self._follow_slo(seconds, read_p95)
+        return self.pace()
+
+    def next_wait(self) -> float:
+        """Seconds until the next look: fine while a cliff may come or a burst may reach its
+        headroom, a tick otherwise."""
+        if self.mode != PLAN:
+            return FINE_TICK_S
+        if self.planner.rate() != 0:
+            return TICK_S
+        room, rate = self.planner.burst_left(), max(self.fast or 0.0, self._peak_rate())
+        if not math.isfinite(room) or rate <= 0:
+            return TICK_S
+        # Half the time the burst could take to reach its headroom, at the fastest the drive
+        # took bytes lately: a drive (or a throttle) that takes a burst in lumps faster than
+        # its mean would otherwise run a lump past it between two looks.
+        return min(TICK_S, max(0.002, room / (2 * rate)))
+
+    def finish(self, seconds: float, done: float, drive: Optional[float] = None) -> SaveRecord:
+        """The write ended: what it showed of the drive."""
+        self.look(seconds, done, drive)
+        rec = self.record
+        if self.mode == REFILL and not self._probed and seconds - self._since > SLICE_S:
+            self._judge_probe(seconds)  # a refill that ended within its probe
+        tail = self._tail_cliff(seconds)
+        if tail is not None:  # met in its last requests, too near the end to hold
+            rec.cliffs.append(tail)
+            self._first = self._first or tail
+        if self.mode == REFILL and self._probed and rec.drain_how != MEASURED:
+            if tail is not None:  # the refill's cliff, in its last requests
+                rec.drain, rec.drain_how = self._since_full(tail.seconds, tail.drive), MEASURED
+                rec.drain_from = "refill"
+            else:
+                # Out of the cliff and no cliff since (but for the last slice, which could
+                # hide one): the cache holds no more than when it was full, so the drive
+                # drained at least as fast as it took bytes since.
+                rec.drain = self._since_full(self._last_clear(seconds))
+                rec.drain_how = LOWER_BOUND
+        if self.mode in (BURST, REFILL) and not rec.cliffs and self._run_from == 0.0:
+            rec.fast_rate = rec.fast_rate or self._run_rate(seconds)
+        if not rec.cliffs and self.model.has_cliff and self.fast:
+            bound = self._clear_of(self.model.cliff, seconds)
+            if bound is not None:
+                rec.drain, rec.drain_how, rec.drain_from = bound, LOWER_BOUND, "no cliff"
+        rec.others_bytes = self.looks[-1][DRIVE] - self.looks[-1][1]
+        if not rec.cliffs and self.mode in (TEST, REPEAT, BURST):
+            rec.clear = (self._test_until if self._test_pace else self.total, self._test_pace,
+                         self.start_fill(self.model.drain or 0.0))
+        rec.ends_full = tail is not None or self.mode in (PAUSE, RECOVER) and not self._probed
+        rec.end_fill = self._end_fill(seconds)
+        if self.planner is not None:
+            rec.conflict = self.planner.conflict
+        return rec
+
+    # -- the modes -----------------------------------------------------------------------
+    def _enter(self, mode: str, seconds: float) -> None:
+        self.mode, self._since = mode, seconds
+        if mode in (BURST, REFILL):
+            self._run_from = seconds
+        self.record.modes.append((round(seconds, 3), mode))
+
+    def _burst(self, seconds: float, done: float) -> None:
+        cliff = self._cliff_unpaced(seconds)
+        if cliff is not None:
+            self._met(cliff, seconds)
+
+    def _refill(self, seconds: float, done: float) -> None:
+        if not self._probed and (seconds - self._since < PROBE_S
+                                 or not self._judge_probe(seconds)):
+            return
+        cliff = self._cliff_unpaced(seconds)
+        if cliff is None:
+            return
+        reading = self._since_full(cliff.seconds, cliff.drive)
+        if reading and self.record.drain_how != MEASURED:  # the first: the longest span
+            self.drain = reading
+            self.record.drain, self.record.drain_how = self.drain, MEASURED
+            self.record.drain_from = "refill"
+        self.record.cliffs.append(cliff)
+        self._anchors = []
+        self._enter(RECOVER, seconds)
+
+    def _test(self, seconds: float, done: float) -> None:
+        bursting = self.looks[-1][DRIVE] < self._test_until or not self._test_pace
+        if not bursting and not self._steady:  # the burst's end: paced from here
+            self._run_from, self._steady = self.looks[-2][0], self.pace()
+        low_from = seconds - HOLD_S
+        cliff = None
+        if self.reads.slowed():
+            cliff = self._seen(low_from, "reads")
+        elif bursting or low_from < self._run_from:
+            cliff = self._cliff_unpaced(seconds)  # the burst may meet a cliff come early
+        elif rate_between(self.looks, low_from, seconds) < SHORTFALL * self._steady and \
+                not stalled(self.looks, low_from):
+            cliff = self._seen(low_from, "writes")
+        if cliff is not None:
+            self._met(cliff, seconds)
+
+    def _judge_probe(self, seconds: float, out: bool = False) -> bool:
+        """Whether the refill's first bytes ran out of the cliff (faster than midway between
+        the drive's two rates; ``out``: known from the reads); if not, back to pausing."""
+        rate = rate_between(self.looks, self._since, seconds)
+        if not out and rate < 0.5 * ((self.fast or rate) + (self.post or 0.0)):
+            # Still in the cliff: fold some more. The probe may have filled the cache again:
+            # its end is another moment the cache may have been full.
+            self._pause_s *= PAUSE_GROWTH
+            self._anchors.append(self.looks[-1])
+            self._enter(PAUSE, seconds)
+            return False
+        self._probed = True
+        first = self._anchors[0]
+        self._exit_s = self._since - first[0]
+        self._exit_bytes = bytes_at(self.looks, self._since, DRIVE) - first[DRIVE]
+        self.record.exit_s, self.record.exit_bytes = self._exit_s, self._exit_bytes
+        return True
+
+    def _pause(self, seconds: float, done: float) -> None:
+        self._hold_anchor(done)
+        self._reads_held = self._reads_held or self.reads.slowed()
+        if self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick():
+            # The reads the drive held back while it folded are quick again: it has left its
+            # cliff, now, and the refill starts out of it (no probe into the cliff).
+            self._enter(REFILL, seconds)
+            self._judge_probe(seconds, out=True)
+        elif (seconds - self._anchors[-1][0] >= min(self._pause_s, MAX_STOP_S) and
+              seconds - self._since >= MIN_PAUSE_S):
+            self._enter(REFILL, seconds)
+
+    def _recover(self, seconds: float, done: float) -> None:
+        self._hold_anchor(done)
+        cache = self._cache()
+        margin = self._margin(cache)
+        # The cache was full at the anchor and only drains since: out of the cliff once it
+        # has freed the margin the drive was seen to need.
+        anchor = self._anchors[-1]
+        freed = (self.drain or 0.0) * (seconds - anchor[0]) - (self.looks[-1][2] - anchor[2])
+        if freed >= margin or self._out_of_time(seconds) or seconds - self._since > MAX_STOP_S:
+            self._plan(seconds, cache - max(0.0, freed), cache)
+
+    def _plan(self, seconds: float, fill: float, cache: Optional[float],
+              resume: bool = False) -> None:
+        done = self.looks[-1][1]
+        if cache is None:  # no cliff seen, and none needed: the drive took more than this
+            cache = math.inf
+        drain = self.drain if self.drain else (self.fast or math.inf)
+        deadline = None if self.deadline is None else max(1e-3, self.deadline - seconds)
+        margin = self._margin(cache) if math.isfinite(cache) else 0.0
+        self.planner = CachePlanner(
+            total=self.total - done, cache_size=cache, drain=drain, fill=fill,
+            deadline=deadline, settings=self.settings, lead=self.lead,
+            resume=cache - margin if resume and math.isfinite(cache) else None)
+        self._plan_from = self.looks[-1]
+        self._enter(PLAN, seconds)
+
+    def _planned(self, seconds: float, done: float) -> None:
+        base = self._plan_from
+        self.planner.advance(done - base[1], seconds - base[0], self.looks[-1][2] - base[2])
+        cliff = self._cliff_planned(seconds)
+        if cliff is not None:
+            self._met(cliff, seconds)
+
+    # -- cliffs ----------------------------------------------------------------------------
+    def _met(self, cliff: SeenCliff, seconds: float) -> None:
+        """A cliff: the first sizes the cache; measure the drain if bytes and time allow."""
+        rec = self.record
+        rec.cliffs.append(cliff)
+        self._first = self._first or cliff
+        if cliff.shown_by == "writes" and self.mode != PLAN:
+            rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
+            self.fast = rec.fast_rate or self.fast
+            # Past the first of the throttle's (or the drive's) slices in the cliff, which
+            # still brings a slice's worth at once.
+            post = rate_between(self.looks, min(cliff.seconds + SLICE_S, seconds - SLICE_S),
+                                seconds)
+            if post > 0:
+                rec.post_cache_rate = self.post = post
+        ref = self.model.cliff
+        if cliff is self._first and self.mode in (PLAN, TEST, REPEAT) and ref is not None and \
+                self.fast:
+            # A planned save met the cliff the model sized: against the one the model holds,
+            # it tells the drain.
+            drain = ref.drain_to(cliff.seconds, cliff.drive, self.start_fill, self.fast)
+            if drain is not None and rec.drain_how != MEASURED:
+                self.drain, rec.drain, rec.drain_how = drain, drain, MEASURED
+                rec.drain_from = "two cliffs"
+        if rec.drain_how != MEASURED:
+            # Until the refill reads it, the drain is the slow end of drives: a model being
+            # measured, or just contradicted, may be wrong either way (where it was planning
+            # and a slower drain was known, that one).
+            assumed = assumed_drain(self.post, self.fast) or assumed_drain(
+                None, rate_between(self.looks, self._run_from, cliff.seconds))
+            self.drain = min(self.drain, assumed) if self.drain and assumed and \
+                cliff.during == PLAN else (assumed or self.drain)
+        self._anchors, self._reads_held = [], False
+        # Measured against the model's cliff already, the save recovers and plans the rest;
+        # else it pauses and reads the drain from the refill.
+        self._pause_s = 0.0 if rec.drain_from == "two cliffs" else self._pause_for(seconds)
+        self._enter(PAUSE if self._pause_s > 0 else RECOVER, seconds)
+
+    def _cliff_unpaced(self, seconds: float) -> Optional[SeenCliff]:
+        """The cliff in an unpaced run: its last hold below half its rate before."""
+        # An unpaced run is held to what the drive was seen to take unpaced (less its
+        # noise): one that never ran that fast is in its cliff from its start.
+        floor = 0.9 * self.fast if self.fast else 0.0
+        low_from = dropped(self.looks, self._run_from, seconds, floor)
+        return None if low_from is None else self._seen(low_from, "writes")
+
+    def _cliff_planned(self, seconds: float) -> Optional[SeenCliff]:
+        """A cliff the plan did not predict: an unpaced stretch dropping, a pace the drive
+        fell short of, or reads slowing. ``_run_from`` is when the pace last changed by more
+        than a tenth (or went from paced to unpaced): the stretch whose straight line the
+        cliff bends."""
+        low_from = seconds - HOLD_S
+        if self.reads.slowed():
+            return self._seen(low_from, "reads")
+        pace = self.planner.rate()
+        if (pace == 0) != (self._steady == 0) or abs(pace - self._steady) > 0.1 * self._steady:
+            self._run_from, self._steady = self.looks[-2][0], pace
+        if pace == 0:
+            return self._cliff_unpaced(seconds)
+        # A pace the cache takes at ease shows a cliff as a shortfall; one the drive takes in
+        # its cliff too (at or below the post-cache rate) does not.
+        if low_from < self._run_from or (self.post and pace <= 1.1 * self.post):
+            return None
+        now = rate_between(self.looks, low_from, seconds)
+        if now < SHORTFALL * min(pace, self.fast or pace) and not stalled(self.looks, low_from):
+            return self._seen(low_from, "writes")
+        return None
+
+    def _seen(self, low_from: float, shown_by: str) -> SeenCliff:
+        """The cliff confirmed low from ``low_from``, placed where it began (cliff_watch.onset:
+        the write fell from its pace, or, unpaced, from midway between the drive's rates)."""
+        pace = self.pace() if self.mode in (PLAN, TEST, REPEAT) and self._steady else 0.0
+        above = SHORTFALL * pace if pace else 0.5 * ((self.fast or 0.0) + (self.post or 0.0))
+        at = onset(self.looks, low_from, self._run_from, above) if shown_by == "writes" \
+            else low_from
+        return SeenCliff(at, bytes_at(self.looks, at), bytes_at(self.looks, at, DRIVE),
+                         shown_by, self.mode)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _hold_anchor(self, done: float) -> None:
+        """The newest anchor: the last look at which the write still completed bytes in the
+        cliff (requests in flight complete after the pause begins)."""
+        if not self._anchors:
+            self._anchors.append(self.looks[-1])
+        elif done > self._anchors[-1][1]:
+            self._anchors[-1] = self.looks[-1]
+
+    def _since_full(self, seconds: float, drive: Optional[float] = None) -> Optional[float]:
+        """The drive's bytes over the seconds from a moment its cache was full to
+        ``seconds`` (its counter then: ``drive``): the least over the anchors. Measured to a
+        cliff it is the drain, from the anchor at which the cache really was full (a later
+        one, where a probe in the cliff did not fill it again, and an earlier one, where it
+        did, read high); to a moment out of the cliff, a lower bound."""
+        drive = bytes_at(self.looks, seconds, DRIVE) if drive is None else drive
+        rates = [(drive - a[DRIVE]) / (seconds - a[0]) for a in self._anchors if seconds > a[0]]
+        return min(rates) if rates else None
+
+    def _last_clear(self, seconds: float) -> float:
+        """The latest moment a write out of its cliff is known to have stayed out: a slice
+        before ``seconds`` (a cliff may have begun within it, unseen by the tail check), or
+        the refill's start."""
+        return max(seconds - SLICE_S, self._since)
+
+    def _tail_cliff(self, seconds: float) -> Optional[SeenCliff]:
+        """A cliff in a write's last requests, too near its end to last a hold: its last
+        ``SLICE_S`` below half its unpaced rate before, or short of its pace."""
+        if self.mode not in (BURST, REFILL, TEST, REPEAT, PLAN) or (
+                self.mode == REFILL and not self._probed):
+            return None
+        start = seconds - SLICE_S
+        before = rate_between(self.looks, self._run_from, start)
+        if start - self._run_from < HOLD_S or before <= 0:
+            return None
+        now = rate_between(self.looks, start, seconds)
+        if self.mode in (BURST, REFILL) or self._steady == 0 or \
+                self.mode in (TEST, REPEAT) and self.looks[-1][DRIVE] < self._test_until:
+            low = now < 0.5 * max(before, 0.9 * (self.fast or 0))
+        else:
+            low = now < SHORTFALL * min(self._steady, before)
+        return self._seen(start, "writes") if low else None
+
+    def _pause_for(self, seconds: float) -> float:
+        """Seconds to pause before the refill: as long as the bytes left allow a refill to
+        its cliff and a hold in it (a longer span reads the drain closer, and a drive leaves
+        its cliff only once it has freed its margin), but short of draining the cache whole
+        at the fastest drain to expect (0: too few bytes for a reading)."""
+        left = self.total - self.looks[-1][1] - self.lead
+        if self.deadline is not None or not self.post or not self.fast or left <= 0:
+            return 0.0
+        # A pause of p fills back after d * p * fast / (fast - d) bytes at a drain d (guessed
+        # at the post-cache rate, the middle of drives), then the cliff is confirmed at the
+        # post-cache rate.
+        guess = min(self.post, 0.9 * self.fast)
+        per_second = guess * self.fast / (self.fast - guess)
+        pause = (left - self.post * (HOLD_S + SLICE_S)) / per_second
+        if self._first is not None:
+            fastest = min(FASTEST_DRAIN_SHARE * self.post, 0.9 * self.fast)
+            pause = min(pause, 0.8 * self._cache_by(guess) / fastest)
+        # Too few bytes to reach the cliff again: the least pause, then the rest unpaced,
+        # bounds the drain closest (the bytes over the fewest seconds).
+        return max(pause, MIN_PAUSE_S)
+
+    def _clear_of(self, ref, end: float) -> Optional[float]:
+        """The least drain under which the save, from its start fill, never met the cliff the
+        model holds: each look's bytes would have met it under a slower one. (Not the last
+        hold, which could hide a cliff not yet seen.)"""
+        best = None
+        looks = [lk for lk in self.looks if lk[0] <= end - SLICE_S]
+        for seconds, _done, drive in looks[::5] + looks[-1:]:
+            drain = ref.drain_to(seconds, drive, self.start_fill, self.fast, bound=True)
+            if drain is not None and (best is None or drain > best):
+                best = drain
+        return best
+
+    def _cache(self) -> float:
+        """The cache's size by the save's drain, from the first cliff it met."""
+        return self._cache_by(self.drain or 0.0)
+
+    def _cache_by(self, drain: float) -> float:
+        first = self._first
+        return max(float(1 << 20), self.start_fill(drain) + first.drive - drain * first.seconds)
+
+    def _margin(self, cache: float) -> float:
+        """Bytes the drive frees before it leaves its cliff: at most what it had freed when
+        this save saw it out, else the model's."""
+        if self._exit_s is not None and self.drain:
+            return min(cache, max(0.0, self.drain * self._exit_s - self._exit_bytes))
+        return self.model.margin if self.model.has_cliff else ASSUMED_CLIFF_MARGIN * cache
+
+    def _out_of_time(self, seconds: float) -> bool:
+        return self.deadline is not None and seconds >= self.deadline * self.settings.finish
+
+    def _run_rate(self, until: float) -> Optional[float]:
+        rate = rate_between(self.looks, self._run_from, until)
+        return rate if until - self._run_from >= HOLD_S and rate > 0 else None
+
+    def _peak_rate(self) -> float:
+        """The fastest bytes/s between two looks at least 10 ms apart in the last second."""
+        recent = [lk for lk in self.looks if lk[0] >= self.looks[-1][0] - 1.0]
+        best = 0.0
+        for k in range(1, len(recent)):
+            j = k - 1
+            while j > 0 and recent[k][0] - recent[j][0] < 0.01:
+                j -= 1
+            span = recent[k][0] - recent[j][0]
+            if span >= 0.01:
+                best = max(best, (recent[k][2] - recent[j][2]) / span)
+        return best
+
+    def _end_fill(self, seconds: float) -> float:
+        if self.mode == PLAN:
+            return self.planner.fill
+        if not self.record.cliffs:
+            drain = self.drain or 0.0
+            fill = self.start_fill(drain) + self.looks[-1][DRIVE] - drain * seconds
+            cache = self.model.cliff.cache(drain) if self.model.has_cliff else math.inf
+            return min(max(0.0, fill), cache)
+        cache = self._cache()
+        if not self._anchors:
+            return cache
+        anchor = self._anchors[-1]
+        return max(0.0, cache - (self.drain or 0.0) * (seconds - anchor[0])
+                   + self.looks[-1][2] - anchor[2])
+
+    def _follow_slo(self, seconds: float, p95: float) -> None:
+        """Lowers the pace while reads miss ``read_slo``, raises it back while they meet it."""
+        if seconds < self._slo_next:
+            return
+        self._slo_next = seconds + 0.25
+        planner = self.planner
+        current = planner.rate() or self.fast or planner.recovery * 4
+        if p95 > self.read_slo:
+            self.record.slo_misses += 1
+            planner.slo_cap = max(self.min_rate, 0.7 * current)
+        elif planner.slo_cap is not None:
+            raised = planner.slo_cap * 1.1
+            planner.slo_cap = None if self.fast and raised >= self.fast else raised
+
+
+class PacingThread:
+    """Runs a :class:`SaveController` against a write in flight (an ``engine.RateControl``),
+    reading the drive's counters (``disk``: its name in /proc/diskstats; None: unknown)."""
+
+    def __init__(self, controller: SaveController, disk: Optional[str],
+                 read_slo: Optional[float] = None) -> None:
+        self.controller, self.disk = controller, disk
         self.control = engine.RateControl()
-        self.control.rate = 0.0 if planner is None or measuring else planner.rate()
+        self.control.rate = controller.pace()
         self.monitor = ReadLatencyMonitor(disk) if read_slo else None
-        self.disk = disk
-        self._disk0: Optional[int] = None  # the drive's written bytes when the save began
-        self._measure_mark: Optional[tuple] = None  # (elapsed, done) as measuring began
-        self.cliffs = 0
-        self._short_since: Optional[float] = None  # when a shortfall below the pace began
-        self.slo_misses = 0
-        self.conflicted = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flashstream-pacing",
                                         daemon=True)
+        self.record: Optional[SaveRecord] = None
+        self._base: Optional[tuple] = None
 
-    def __enter__(self) -> SaveController:
+    def __enter__(self) -> PacingThread:
         self._t0 = time.perf_counter()
-        self._disk0 = disk_bytes_written(self.disk)
+        self._base = self._counters()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        if self.measuring == UNPREDICTED_CLIFF and self.control.rate <= 0:
-            self.ends_full = True  # it ended unpaced in the cliff, before leaving it
-        # The bytes since the last tick: the estimate the model keeps ends with the write.
-        if self.planner is not None:
-            self.planner.advance(float(self.control.done), time.perf_counter() - self._t0,
-                                 self._disk_written())
-
-    def _measure(self, why: str, elapsed: float) -> None:
-        """From now on, write unpaced: the drive sets the pace, and the model learns it."""
-        self.measuring, self.measured_from = why, elapsed
-        # After a cliff the model did not predict, it leaves the cliff (_leave_cliff), unless
-        # figures are unconfirmed: then the refill after it confirms them (the docstring).
-        self.ends_full = why != UNPREDICTED_CLIFF or bool(self.probe)
-        self.control.rate = 0.0
-        log.info("flashstream: this checkpoint measures the drive from %.2f s: %s", elapsed,
-                 why)
+        drive, _, _ = self._since_start()
+        self.record = self.controller.finish(time.perf_counter() - self._t0,
+                                             float(self.control.done), drive)
 
     def _run(self) -> None:
-        # (elapsed, done, pace, the drive's bytes from every writer) over the last CLIFF_S
-        recent: list = []
-        slo_every, next_slo = max(self.tick, 0.25), 0.0
-        while not self._stop.wait(self._next_wait()):
-            planner = self.planner
-            if self.measuring == UNPREDICTED_CLIFF and not self.ends_full and planner:
-                self._leave_cliff(planner)
-            if self.measuring or planner is None:
-                continue  # unpaced to the end
-            elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
-            planner.advance(done, elapsed, self._disk_written())
-            recent = [r for r in recent if elapsed - r[0] <= CLIFF_S] + [
-                (elapsed, done, self.control.rate, planner.written)]
-            if self._cliff_seen(recent):
-                self.cliffs += 1
-                self._measure(UNPREDICTED_CLIFF, elapsed)
-                continue
-            if self.probe and planner.fill + planner.lead >= planner.limit:
-                self._measure(f"the model's {', '.join(self.probe)} not confirmed", elapsed)
-                continue
-            if self.monitor is not None and elapsed >= next_slo:
-                next_slo = elapsed + slo_every
-                self._follow_slo(self.monitor.p95())
-            pace = planner.rate()
-            if planner.conflict and not self.conflicted:
-                self.conflicted = True
-                log.warning("flashstream: this checkpoint cannot finish by its deadline without "
-                            "filling the drive's write cache; policy %r",
-                            planner.settings.deadline_policy)
+        ctl = self.controller
+        while not self._stop.wait(ctl.next_wait()):
+            drive, reads, read_s = self._since_start()
+            p95 = self.monitor.p95() if self.monitor is not None else None
+            pace = ctl.look(time.perf_counter() - self._t0, float(self.control.done), drive,
+                            reads, read_s, p95)
             self.control.rate = pace
 
-    def _next_wait(self) -> float:
-        """Seconds until the controller looks again: a tick, or less during an unpaced burst
-        the planner steers (:meth:`_burst_wait`)."""
-        if self.planner is None or self.measuring or self.control.rate != 0:
-            return self.tick
-        return self._burst_wait(self.planner)
+    def _counters(self) -> Optional[tuple]:
+        try:
+            c = disk_counters(self.disk)
+        except (OSError, NotImplementedError):
+            return None
+        return None if c is None else (c.write_bytes, c.read_count, c.read_time / 1e3)
 
-    def _burst_wait(self, planner: CachePlanner) -> float:
-        """Seconds until the controller looks again during an unpaced burst: a tick, or less
-        where the burst could reach the planner's headroom sooner at ``BURST_RATE_MARGIN`` x
-        the faster of the drive's new-file rate and the fastest it took bytes over the last
-        second (at least ``MIN_WAIT_S``). At the new-file rate alone, a burst the emulated
-        drive's throttle let through in lumps at the disk's own speed ran 40-90 MB past the
-        headroom."""
-        room = planner.burst_left()
-        rate = max(self.fast_rate or 0.0, planner.peak_rate())
-        if not math.isfinite(room) or rate <= 0:
-            return self.tick
-        return min(self.tick, max(MIN_WAIT_S, room / (BURST_RATE_MARGIN * rate)))
-
-    def _leave_cliff(self, planner: CachePlanner) -> None:
-        """After ``MEASURE_S`` unpaced in a cliff the model did not predict: pace at the
-        sustained share of the drain assumed from the rate the drive showed there."""
-        elapsed, done = time.perf_counter() - self._t0, float(self.control.done)
-        if self._measure_mark is None:
-            self._measure_mark = (elapsed, done)
-            return
-        seconds = elapsed - self._measure_mark[0]
-        if seconds < MEASURE_S or self.control.rate > 0:
-            return
-        post = (done - self._measure_mark[1]) / seconds
-        self.control.rate = max(self.min_rate, planner.settings.sustain * ASSUMED_DRAIN_SHARE
-                                * post)
-
-    def _disk_written(self) -> Optional[float]:
-        """Bytes the drive completed since the save began, from every writer (None: unknown)."""
-        now = disk_bytes_written(self.disk) if self._disk0 is not None else None
-        return None if now is None else float(now - self._disk0)
-
-    def _cliff_seen(self, recent) -> bool:
-        """Throughput below half what the pacing allowed for CLIFF_S, or short of a slow
-        pace (``SLOW_PACE_SHARE``) for longer: the drive's cliff, wherever the model put the
-        cache's fill (a model that is wrong puts it anywhere)."""
-        if len(recent) < 2 or recent[-1][0] - recent[0][0] < 0.9 * CLIFF_S:
-            return False
-        achieved = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
-        # What the pacing allowed over the window: each tick's pace, or the drive's own rate
-        # where unpaced (a window that went from unpaced to a slow pace is not a cliff).
-        fast = self.fast_rate or 0.0
-        paces = [r[2] if r[2] > 0 else fast for r in recent[1:]]
-        expected = min(paces) if paces and min(paces) > 0 else 0.0
-        if expected > 0 and achieved < 0.5 * expected:
-            return True
-        slow = all(r[2] > 0 for r in recent[1:]) and 0 < expected <= SLOW_PACE_SHARE * fast
-        if not (slow and achieved < SHORTFALL * expected):
-            self._short_since = None
-            return False
-        if self._short_since is None:
-            self._short_since = recent[-1][0]
-        return recent[-1][0] - self._short_since >= SHORTFALL_S
-
-    def _follow_slo(self, p95: Optional[float]) -> None:
-        if p95 is None or self.read_slo is None or self.planner is None:
-            return
-        planner = self.planner
-        current = self.control.rate or self.fast_rate or planner.recovery * 4
-        if p95 > self.read_slo:
-            self.slo_misses += 1
-            planner.slo_cap = max(self.min_rate, 0.7 * current)
-        elif planner.slo_cap is not None:
-            raised = planner.slo_cap * 1.1
-            planner.slo_cap = None if self.fast_rate and raised >= self.fast_rate else raised
+    def _since_start(self) -> tuple:
+        now = self._counters()
+        if now is None or self._base is None:
+            return None, None, None
+        return tuple(float(a - b) for a, b in zip(now, self._base))
 
 
-def plan_save(model: WriteModel, *, total: int, within: Optional[float],
-              settings: PlanSettings, read_slo: Optional[float], disk: Optional[str],
-              lead: float, min_rate: float, written_since: float = 0.0,
-              now: Optional[float] = None) -> SaveController:
-    """The controller of one save from the drive's model (see the module docstring).
-    ``written_since``: bytes the drive took from anything else since the model's fill estimate
-    (``WriteModel.fill_at``)."""
-    common = dict(read_slo=read_slo, disk=disk, min_rate=min_rate, fast_rate=model.fast_rate)
-    if model.has_cliff:
-        cache, recovery = float(model.cache_size), float(model.planning_recovery)
-        probe = model.unconfirmed(now)
-    elif model.cliff_free >= total:
-        cache, recovery = math.inf, float(model.fast_rate or math.inf)
-        probe = []
-    else:
-        return SaveController(None, measuring=UNKNOWN_DRIVE, **common)
-    # An estimate that dates from a full cache (a cliff, a refill's) may find the drive still
-    # in its cliff: the planner lets it drain first (checkpoint/pacing.py).
-    from_full = model.has_cliff and model.fill >= cache
-    planner = CachePlanner(total=total, cache_size=cache, recovery_rate=recovery,
-                           fill=model.fill_at(written=written_since), deadline=within,
-                           settings=settings, lead=lead, from_full=from_full)
-    return SaveController(planner, probe=probe, **common)
+def describe(record: SaveRecord) -> Dict[str, object]:
+    """The record as plain values, for the save's report."""
+    out = dataclasses.asdict(record)
+    out["cliffs"] = [dataclasses.asdict(c) for c in record.cliffs]
+    return out
+
+

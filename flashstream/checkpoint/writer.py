@@ -25,6 +25,7 @@ from .. import engine
 from ..errors import SnapshotLostError
 from ..sizes import parse_size
 from ..telemetry.device import online_discard
+from ..telemetry.diskstats import disk_bytes_written
 from ..telemetry.histogram import LatencyHistogram
 from ..world import process_group
 from .arguments import check_directory_name, check_writable, step_number
@@ -157,9 +158,8 @@ class CheckpointWriter:
             self._lock_file.release()
             raise
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="flashstream-ckpt")
-        self._auto = AutoPacing(self.directory, self.config, self._executor,
+        self._auto = AutoPacing(self.directory, self.config,
                                 online_discard=self._online_discard)
-        self.learner = self._auto.learner  # what rate="auto" learns of the drive
         self._pending: Optional[SaveHandle] = None
         self._plan: Optional[Plan] = planned  # the last save's layout, for the next (relayout.py)
         self._lock = threading.Lock()
@@ -181,7 +181,6 @@ class CheckpointWriter:
             raise ValueError("save() on a closed CheckpointWriter")
         step = step_number(step)
         started = time.perf_counter()
-        self.learner.interrupt()  # a measurement of the drive after the last save ends now
         previous = self._pending
         if previous is not None and not previous.done():
             if self.config.if_busy == "skip":
@@ -244,11 +243,6 @@ class CheckpointWriter:
         tmp = step_dir.temp_file(self.rank, self.world_size)
         capacity = -(-layout.file_size // self._staging.alignment) * self._staging.alignment
         rate = cfg.pacing(layout.data_size)
-        auto = self._auto.plan(capacity=capacity, time_left=self._time_left(
-            called, layout.file_size))
-        controller = auto.controller if auto else None
-        if controller is not None:
-            rate = 0.0  # the controller sets the pace
         # A pruned checkpoint's file, written over: no blocks to allocate, none to discard.
         recycled = cfg.recycle and claim_spare(self.directory, self.rank, tmp)
         try:
@@ -257,24 +251,24 @@ class CheckpointWriter:
         except BaseException:
             _unlink(tmp)  # created (or claimed), then the space reservation failed (ENOSPC)
             raise
-        # Buffered (no O_DIRECT here): the drive takes the save's bytes when the page cache
-        # flushes them, not as they complete, so its counter would count them again as
-        # another writer's. Only the save's own bytes are counted then.
-        counted_disk = self._auto.disk() if out.direct else None
-        if controller is not None:
-            controller.disk = counted_disk
-        write_start, began = time.perf_counter(), time.time()
+        # Buffered (no O_DIRECT here), the drive takes the save's bytes when the page cache
+        # flushes them, not as they complete, and its counter would count them again as
+        # another writer's: only the save's own bytes are counted then.
+        auto = self._auto.plan(capacity=capacity, time_left=self._time_left(
+            called, layout.file_size), counted=out.direct)
+        pacing = auto.pacing if auto is not None else None
+        if pacing is not None:
+            rate = 0.0  # the controller sets the pace
+        write_start, drive_before = time.perf_counter(), disk_bytes_written(self._auto.disk())
         try:
-            with controller or contextlib.nullcontext():
+            with pacing or contextlib.nullcontext():
                 data = out.write(self._staging.view(layout.header_size, capacity),
                                  layout.header_size, chunk_size=cfg.chunk_size,
                                  queue_depth=cfg.queue_depth, rate=rate,
                                  crc_bounds=layout.segment_bounds(), interval=cfg.interval,
-                                 control=controller.control if controller else None,
+                                 control=pacing.control if pacing else None,
                                  paced_chunk_size=cfg.paced_chunk_size)
-            ended, data_end, full_at = time.time(), time.perf_counter(), time.monotonic()
-            if auto is not None:
-                self._auto.data_ended(ended, counted_disk)
+            ended, data_end = time.time(), time.perf_counter()
             header = header_bytes(layout, data["crcs"])
             self._staging.view(0, layout.header_size)[:] = np.frombuffer(header, np.uint8)
             head = out.write(self._staging.view(0, layout.header_size), 0,
@@ -296,9 +290,11 @@ class CheckpointWriter:
                 self._auto.pruned(pruned, layout.file_size)
         report = self._report(step_dir.step, final, layout, data, head, stall, waited, sync_s,
                               time.perf_counter() - committed)
+        drive_after = disk_bytes_written(self._auto.disk())
+        if drive_before is not None and drive_after is not None:
+            report.drive_bytes = drive_after - drive_before
         if auto is not None:
-            report.pacing = self._auto.learn(auto, data, total=capacity, ended=ended,
-                                             began=began, full_at=full_at)
+            report.pacing = self._auto.learn(auto, total=capacity, ended=ended)
             self._auto.tail_s = time.perf_counter() - data_end - self._auto.prune_s
         report.snapshot_mode = "cow" if cow is not None else "copy"
         report.cow = cow
@@ -328,7 +324,8 @@ class CheckpointWriter:
             target_rate=cfg.pacing(layout.data_size), final_rate=data["final_rate"],
             peak_rate=data["peak"], sustained_rate=data["sustained"], engine=data["engine"],
             direct=data["direct"], chunk_size=cfg.chunk_size, queue_depth=cfg.queue_depth,
-            latency=latency, timeline=[tuple(row) for row in data["timeline"]])
+            latency=latency, timeline=[tuple(row) for row in data["timeline"]],
+            written_bytes=int(data["bytes"]) + int(head["bytes"]))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -348,7 +345,6 @@ class CheckpointWriter:
         if self._closed:
             return
         self._closed = True
-        self.learner.interrupt()
         try:
             self._executor.shutdown(wait=True)
             self._remove_spares()

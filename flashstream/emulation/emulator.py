@@ -25,8 +25,8 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from ..sizes import Size
 from ..telemetry.device import device_of
+from ..telemetry.drive_model import remembered_write_rate
 from ..telemetry.probe import EMULATED_DRIVE_ENV
-from ..telemetry.write_learning import drive_write_rate
 from .cgroup import SLICE_S, ThrottleGroup
 from .model import CacheModel, DriveSettings, profile_settings
 
@@ -86,7 +86,7 @@ class DriveEmulator:
         self.device = Path(f"/sys/block/{info.name}/dev").read_text().strip()
         if settings is None:
             if write_rate is None:
-                write_rate = drive_write_rate(path)
+                write_rate = remembered_write_rate(path)
             settings = profile_settings(profile, write_rate, **overrides)
         elif overrides:
             settings = dataclasses.replace(settings, **overrides)

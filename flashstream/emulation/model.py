@@ -36,7 +36,7 @@ import random
 from typing import Dict, Optional, Tuple
 
 from ..sizes import Size, format_size, parse_size
-from ..telemetry.write_model import drained
+from ..telemetry.drive_model import drained
 
 __all__ = ["CacheModel", "CacheState", "DriveSettings", "PROFILES", "RANDOM_RANGES",
            "profile_settings", "random_settings"]
