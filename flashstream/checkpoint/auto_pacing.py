@@ -82,6 +82,8 @@ class AutoPacing:
                                  else FIRST_PRUNE_S_PER_BYTE)
         self.prune_s = 0.0
         self._disk_name: Optional[str] = None
+        if config.rate == "auto":  # the reads until the first save are quiet ones too
+            self.mark = (time.time(), _counters(self.disk()))
 
     def plan(self, *, capacity: int, time_left: Optional[float],
              counted: bool) -> Optional[AutoSave]:

@@ -12,9 +12,10 @@ one of three ways:
 - **Paced** at a rate the drive's cache takes at ease, the write falls short of the pace by a
   fifth (``SHORTFALL``) for ``HOLD_S``: a drive in its cliff writes no faster than its
   post-cache rate, whatever the pace.
-- **Reads** beside the write slow down to ``READ_SLOWDOWN`` x their quiet latency: a drive
-  that folds holds reads back, and a pace below the post-cache rate shows its cliff no other
-  way.
+- **Reads** beside a paced write (or none) slow down to ``READ_SLOWDOWN`` x their quiet
+  latency: a drive that folds holds reads back, and a pace below the post-cache rate shows its
+  cliff no other way. Not beside an unpaced write: reads queue behind its large requests by
+  themselves (tens of ms on a burst of 8 x 8 MiB).
 
 Where the cliff began is placed by :func:`onset`: the meeting point of the straight lines the
 bytes followed before and after it.
@@ -50,8 +51,10 @@ SHORTFALL = 0.8
 #: a folding drive holds a read for the time it takes to fold a slice (tens to hundreds of ms
 #: against a quiet fraction of one), where a paced writer's queue adds a few tenths.
 READ_SLOWDOWN = 10.0
-#: ... and at least this slow (seconds): a few hundred microseconds more is no cliff.
-READ_SLOW_S = 0.005
+#: ... and at least this slow on average (seconds): a read queued behind a paced writer's
+#: requests waits a few milliseconds; one held while the drive folds waits for a fold slice,
+#: tens to hundreds of milliseconds (112-993 ms p95 on issue 48's drives).
+READ_SLOW_S = 0.02
 #: Reads within this many times their quiet latency are not held back: a paused writer's last
 #: requests and the reads' own noise stay within it.
 READ_QUICK = 3.0
@@ -137,7 +140,7 @@ def bytes_at(looks: Sequence[Look], t: float, column: int = WRITE) -> float:
 
 class ReadWatch:
     """The mean latency of the reads on the drive over the last ``HOLD_S``, against their
-    quiet mean (seconds per read; None: not known, or too few reads to judge)."""
+    quiet mean (seconds per read; None: not known, and the absolute floors alone judge)."""
 
     MIN_READS = 4
 
@@ -152,13 +155,15 @@ class ReadWatch:
             (t, reads, read_s)]
 
     def quick(self, seconds: float = SLICE_S) -> bool:
-        """Reads over the last ``seconds`` back within ``READ_QUICK`` x their quiet latency:
-        the drive no longer holds them (it left its cliff)."""
+        """Reads over the last ``seconds`` back within ``READ_QUICK`` x their quiet latency (a
+        quarter of ``READ_SLOW_S`` where that is longer or not known): the drive no longer
+        holds them (it left its cliff)."""
         mean = self._mean(seconds)
-        return mean is not None and mean <= READ_QUICK * self.quiet
+        return mean is not None and mean <= max(READ_QUICK * (self.quiet or 0.0),
+                                                0.25 * READ_SLOW_S)
 
     def _mean(self, seconds: float) -> Optional[float]:
-        if not self.quiet or len(self._counts) < 2:
+        if len(self._counts) < 2:
             return None
         last = self._counts[-1]
         first = next((c for c in self._counts if last[0] - c[0] <= seconds), None)
@@ -170,4 +175,5 @@ class ReadWatch:
     def slowed(self) -> bool:
         """Reads over the last hold slower than ``READ_SLOWDOWN`` x quiet (and ``READ_SLOW_S``)."""
         mean = self._mean(HOLD_S)
-        return mean is not None and mean >= max(READ_SLOWDOWN * self.quiet, READ_SLOW_S)
+        return mean is not None and mean >= max(READ_SLOWDOWN * (self.quiet or 0.0),
+                                                READ_SLOW_S)

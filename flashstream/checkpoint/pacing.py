@@ -28,7 +28,7 @@ import dataclasses
 import math
 from typing import List, Optional, Tuple
 
-from ..telemetry.drive_model import drained
+from ..telemetry.drive_model import left_after_folding
 
 __all__ = ["DEADLINE_POLICIES", "DEFAULT_SETTINGS", "CachePlanner", "PlanSettings"]
 
@@ -112,8 +112,8 @@ class CachePlanner:
         the drive took meanwhile from every writer (None: unknown)."""
         written = max(done, disk_written or 0.0, self.written)
         span = elapsed - self.elapsed
-        self.fill = drained(self.fill + written - self.written, self.recovery, span)
-        self.worst = drained(self.worst + written - self.written,
+        self.fill = left_after_folding(self.fill + written - self.written, self.recovery, span)
+        self.worst = left_after_folding(self.worst + written - self.written,
                              self.settings.sustain * self.recovery, span)
         self.done, self.written, self.elapsed = done, written, elapsed
         self._recent = [r for r in self._recent if elapsed - r[0] <= 1.0] + [

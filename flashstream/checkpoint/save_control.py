@@ -51,6 +51,7 @@ from ..telemetry.drive_model import (
 )
 from ..telemetry.read_latency import ReadLatencyMonitor
 from .cliff_watch import (
+    CLIFF_SHARE,
     DRIVE,
     HOLD_S,
     SHORTFALL,
@@ -89,6 +90,13 @@ BURST_OVER_FAST = 2.0
 #: drive of docs/emulation.md's family needs to free its margin (a quarter of a cache of 2.5 s
 #: of fast writing, folding at half the slowest post-cache rate: under 9 s).
 MAX_STOP_S = 15.0
+#: A refill whose first ``PROBE_S`` ran at this share of the new-file rate or faster is out of
+#: the cliff: in it a drive writes at most 0.45 of that rate (docs/emulation.md's family) and,
+#: over a probe, a slice's burst more (0.6); out of it, at the rate less its noise.
+OUT_SHARE = 0.75
+#: A drain reading at or above this share of the new-file rate is no drive's: one that folds
+#: as fast as it writes has no cliff (the rest is the new-file rate's noise, a tenth).
+POSSIBLE_DRAIN_SHARE = 0.9
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
 #: The fastest drain to expect, as a share of the post-cache rate: the fast end of
@@ -283,6 +291,10 @@ class SaveController:
         self.record.modes.append((round(seconds, 3), mode))
 
     def _burst(self, seconds: float, done: float) -> None:
+        if not self.fast and seconds - self._run_from >= HOLD_S:
+            # The drive's rate seen: paced far above it from here (pace()), so that few
+            # bytes are in flight when the cliff comes.
+            self.fast = self._run_rate(seconds)
         cliff = self._cliff_unpaced(seconds)
         if cliff is not None:
             self._met(cliff, seconds)
@@ -295,7 +307,7 @@ class SaveController:
         if cliff is None:
             return
         reading = self._since_full(cliff.seconds, cliff.drive)
-        if reading and self.record.drain_how != MEASURED:  # the first: the longest span
+        if self._possible(reading) and self.record.drain_how != MEASURED:  # the longest span
             self.drain = reading
             self.record.drain, self.record.drain_how = self.drain, MEASURED
             self.record.drain_from = "refill"
@@ -309,8 +321,8 @@ class SaveController:
             self._run_from, self._steady = self.looks[-2][0], self.pace()
         low_from = seconds - HOLD_S
         cliff = None
-        if self.reads.slowed():
-            cliff = self._seen(low_from, "reads")
+        if not bursting and low_from >= self._run_from and self.reads.slowed():
+            cliff = self._seen(low_from, "reads")  # beside the paced tail only
         elif bursting or low_from < self._run_from:
             cliff = self._cliff_unpaced(seconds)  # the burst may meet a cliff come early
         elif rate_between(self.looks, low_from, seconds) < SHORTFALL * self._steady and \
@@ -319,11 +331,17 @@ class SaveController:
         if cliff is not None:
             self._met(cliff, seconds)
 
+    def _possible(self, drain: Optional[float]) -> bool:
+        """Whether a drain reading can be a drive's: positive, and short of what it takes into
+        its cache by more than its noise (one that folds as fast as it writes has no cliff;
+        such a reading placed a moment wrong)."""
+        return bool(drain) and drain > 0 and drain < POSSIBLE_DRAIN_SHARE * (self.fast or math.inf)
+
     def _judge_probe(self, seconds: float, out: bool = False) -> bool:
-        """Whether the refill's first bytes ran out of the cliff (faster than midway between
-        the drive's two rates; ``out``: known from the reads); if not, back to pausing."""
+        """Whether the refill's first bytes ran out of the cliff (at ``OUT_SHARE`` of the
+        new-file rate or faster; ``out``: known from the reads); if not, back to pausing."""
         rate = rate_between(self.looks, self._since, seconds)
-        if not out and rate < 0.5 * ((self.fast or rate) + (self.post or 0.0)):
+        if not out and rate < OUT_SHARE * (self.fast or rate):
             # Still in the cliff: fold some more. The probe may have filled the cache again:
             # its end is another moment the cache may have been full.
             self._pause_s *= PAUSE_GROWTH
@@ -394,16 +412,20 @@ class SaveController:
             # Past the first of the throttle's (or the drive's) slices in the cliff, which
             # still brings a slice's worth at once.
             post = rate_between(self.looks, min(cliff.seconds + SLICE_S, seconds - SLICE_S),
-                                seconds)
+                                seconds) or rate_between(self.looks, cliff.seconds, seconds) \
+                or rate_between(self.looks, seconds - HOLD_S, seconds)
             if post > 0:
-                rec.post_cache_rate = self.post = post
+                # In its cliff a drive writes below half its rate before (the rule that found
+                # the cliff): a short hold that read more took a slice's burst or the
+                # requests still in flight for the drive's pace.
+                rec.post_cache_rate = self.post = min(post, CLIFF_SHARE * (self.fast or post))
         ref = self.model.cliff
         if cliff is self._first and self.mode in (PLAN, TEST, REPEAT) and ref is not None and \
                 self.fast:
             # A planned save met the cliff the model sized: against the one the model holds,
             # it tells the drain.
             drain = ref.drain_to(cliff.seconds, cliff.drive, self.start_fill, self.fast)
-            if drain is not None and rec.drain_how != MEASURED:
+            if self._possible(drain) and rec.drain_how != MEASURED:
                 self.drain, rec.drain, rec.drain_how = drain, drain, MEASURED
                 rec.drain_from = "two cliffs"
         if rec.drain_how != MEASURED:
@@ -434,9 +456,11 @@ class SaveController:
         than a tenth (or went from paced to unpaced): the stretch whose straight line the
         cliff bends."""
         low_from = seconds - HOLD_S
-        if self.reads.slowed():
-            return self._seen(low_from, "reads")
         pace = self.planner.rate()
+        # Reads queue behind an unpaced write's large requests by themselves: they show the
+        # cliff only beside a paced write (short requests, time to spare) or none.
+        if pace > 0 and self._steady > 0 and self.reads.slowed():
+            return self._seen(low_from, "reads")
         if (pace == 0) != (self._steady == 0) or abs(pace - self._steady) > 0.1 * self._steady:
             self._run_from, self._steady = self.looks[-2][0], pace
         if pace == 0:

@@ -36,7 +36,7 @@ import random
 from typing import Dict, Optional, Tuple
 
 from ..sizes import Size, format_size, parse_size
-from ..telemetry.drive_model import drained
+from ..telemetry.drive_model import left_after_folding
 
 __all__ = ["CacheModel", "CacheState", "DriveSettings", "PROFILES", "RANDOM_RANGES",
            "profile_settings", "random_settings"]
@@ -221,7 +221,7 @@ class CacheModel:
             weight = min(1.0, seconds / self.release) if self.release else 1.0
             self._rate += weight * (written / seconds - self._rate)
         entering = self._entering(written, seconds)
-        st.fill = min(float(s.cache_size), drained(st.fill + entering, self.fold_rate(
+        st.fill = min(float(s.cache_size), left_after_folding(st.fill + entering, self.fold_rate(
             entering, seconds), seconds))
         if st.cliff:
             if st.fill <= s.cache_size - s.hysteresis:

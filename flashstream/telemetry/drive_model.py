@@ -37,7 +37,7 @@ from .probe import default_cache_dir, device_ident, new_file_write
 __all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "LOWER_BOUND", "MEASURED", "ClearSchedule",
            "DriveModel", "StartFill",
            "assumed_drain",
-           "Evidence", "ReferenceCliff", "drained", "load_model", "model_path",
+           "Evidence", "ReferenceCliff", "left_after_folding", "load_model", "model_path",
            "remembered_write_rate"]
 
 MODEL_VERSION = 3
@@ -66,7 +66,7 @@ def assumed_drain(post_cache_rate: Optional[float], fast_rate: Optional[float]
     return ASSUMED_FAST_DRAIN_SHARE * fast_rate if fast_rate else None
 
 
-def drained(fill: float, rate: float, seconds: float) -> float:
+def left_after_folding(fill: float, rate: float, seconds: float) -> float:
     """Bytes left in a write cache holding ``fill`` after folding at ``rate`` for ``seconds``
     (the one arithmetic the model, the planner and the emulator share)."""
     return max(0.0, fill - rate * max(0.0, seconds))
@@ -223,7 +223,7 @@ class DriveModel:
         if size is None or not (self.fill or self._written_since(disk)):
             return 0.0
         now = time.time() if when is None else when
-        fill = drained(self.fill + self._written_since(disk), self.drain or 0.0,
+        fill = left_after_folding(self.fill + self._written_since(disk), self.drain or 0.0,
                        now - self.fill_time)
         return min(fill, size)
 
