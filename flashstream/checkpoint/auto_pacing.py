@@ -24,7 +24,8 @@ from ..telemetry.drive_model import MEASURED, DriveModel, StartFill, load_model
 from .config import WriterConfig
 from .drive_learning import learn
 from .pacing import DEFAULT_SETTINGS, PlanSettings
-from .save_control import PacingThread, SaveController, describe
+from .pacing_thread import PacingThread
+from .save_control import SaveController, describe
 
 __all__ = ["AutoPacing", "AutoSave", "planned_seconds", "save_kind", "trial_pace"]
 

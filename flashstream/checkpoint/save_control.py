@@ -3,7 +3,7 @@ drive: the saves are the measurements, and they write nothing but the checkpoint
 
 :class:`SaveController` is clock-free: it is handed a look at the write's progress (seconds,
 bytes it completed, bytes the drive took from every writer, the reads on the drive) and
-answers the pace. :class:`PacingThread` runs it against a write in flight. Its modes:
+answers the pace (pacing_thread.py runs it against a write in flight). Its modes:
 
 - ``plan``: the :class:`~flashstream.checkpoint.pacing.CachePlanner`'s pace from the model.
 - ``burst``: unpaced until the cliff, on a drive seen for the first time or whose model this
@@ -36,12 +36,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import threading
-import time
 from typing import Callable, Dict, List, Optional
 
-from .. import engine
-from ..telemetry.diskstats import disk_counters
 from ..telemetry.drive_model import (
     ASSUMED_CLIFF_MARGIN,
     LOWER_BOUND,
@@ -49,7 +45,6 @@ from ..telemetry.drive_model import (
     DriveModel,
     assumed_drain,
 )
-from ..telemetry.read_latency import ReadLatencyMonitor
 from .cliff_watch import (
     CLIFF_SHARE,
     DRIVE,
@@ -66,8 +61,7 @@ from .cliff_watch import (
 )
 from .pacing import DEFAULT_SETTINGS, CachePlanner, PlanSettings
 
-__all__ = ["PLAN", "BURST", "PAUSE", "REFILL", "RECOVER", "REPEAT", "TEST", "PacingThread",
-           "SaveController",
+__all__ = ["PLAN", "BURST", "PAUSE", "REFILL", "RECOVER", "REPEAT", "TEST", "SaveController",
            "SaveRecord", "SeenCliff"]
 
 log = logging.getLogger(__name__)
@@ -623,58 +617,6 @@ class SaveController:
         elif planner.slo_cap is not None:
             raised = planner.slo_cap * 1.1
             planner.slo_cap = None if self.fast and raised >= self.fast else raised
-
-
-class PacingThread:
-    """Runs a :class:`SaveController` against a write in flight (an ``engine.RateControl``),
-    reading the drive's counters (``disk``: its name in /proc/diskstats; None: unknown)."""
-
-    def __init__(self, controller: SaveController, disk: Optional[str],
-                 read_slo: Optional[float] = None) -> None:
-        self.controller, self.disk = controller, disk
-        self.control = engine.RateControl()
-        self.control.rate = controller.pace()
-        self.monitor = ReadLatencyMonitor(disk) if read_slo else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flashstream-pacing",
-                                        daemon=True)
-        self.record: Optional[SaveRecord] = None
-        self._base: Optional[tuple] = None
-
-    def __enter__(self) -> PacingThread:
-        self._t0 = time.perf_counter()
-        self._base = self._counters()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        drive, _, _ = self._since_start()
-        self.record = self.controller.finish(time.perf_counter() - self._t0,
-                                             float(self.control.done), drive)
-
-    def _run(self) -> None:
-        ctl = self.controller
-        while not self._stop.wait(ctl.next_wait()):
-            drive, reads, read_s = self._since_start()
-            p95 = self.monitor.p95() if self.monitor is not None else None
-            pace = ctl.look(time.perf_counter() - self._t0, float(self.control.done), drive,
-                            reads, read_s, p95)
-            self.control.rate = pace
-
-    def _counters(self) -> Optional[tuple]:
-        try:
-            c = disk_counters(self.disk)
-        except (OSError, NotImplementedError):
-            return None
-        return None if c is None else (c.write_bytes, c.read_count, c.read_time / 1e3)
-
-    def _since_start(self) -> tuple:
-        now = self._counters()
-        if now is None or self._base is None:
-            return None, None, None
-        return tuple(float(a - b) for a, b in zip(now, self._base))
 
 
 def describe(record: SaveRecord) -> Dict[str, object]:
