@@ -147,6 +147,12 @@ def test_which_saves_measure_test_repeat_or_plan():
     assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 0.8e9))
     model.note("drain_rate", MEASURED, "save")
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] is None
+    # A drain read below the slow end of drives (half the post-cache rate) is likelier a cliff
+    # placed wrong than the drive: tested again, however recent the reading.
+    model.drain_rate = 0.2e9
+    model.note("drain_rate", MEASURED, "save")
+    measure, pace = save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)
+    assert not measure and pace is not None and pace > model.drain
 
 
 # -- the family, simulated -----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple
 
 from ..telemetry.device import device_of
 from ..telemetry.diskstats import disk_counters
-from ..telemetry.drive_model import MEASURED, DriveModel, StartFill, load_model
+from ..telemetry.drive_model import MEASURED, DriveModel, StartFill, assumed_drain, load_model
 from .config import WriterConfig
 from .drive_learning import learn
 from .pacing import DEFAULT_SETTINGS, PlanSettings
@@ -42,8 +42,9 @@ FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
 QUIET_READS = 20
 #: Seconds a drive seen to need that long to leave its cliff (its margin over its drain)
 #: would hold reads if a test met its cliff: beyond, no test (the cliff costs the reads beside
-#: it more than a faster plan gains; docs/checkpoint.md).
-TEST_EXIT_S = 0.3
+#: it more than a faster plan gains). The bound on the seconds in the cliff after a fresh
+#: start's first save (docs/checkpoint.md, "Limits"), which a test may spend once.
+TEST_EXIT_S = 0.5
 #: Tests of one writer that may meet the cliff before it plans with what it knows.
 TEST_CROSSINGS = 2
 #: A save tests a faster drain only where the drain it plans with could make it take this
@@ -173,11 +174,12 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
       keep): plan.
     - The first such save of a writer: measure (a model learned by someone else, or earlier,
       may be wrong either way however recent, and only a cliff tells).
-    - While the drain is not measured, and no schedule the drive took clear before covers the
-      save: test a faster pace (``trial_pace``), where the save goes past the model's cliff,
-      knowing the drain could shorten it by more than ``TEST_GAIN``, the drive leaves its
-      cliff soon enough (``TEST_EXIT_S``), and fewer than ``TEST_CROSSINGS`` tests of this
-      writer met the cliff."""
+    - While the drain is not measured (or was read below the slow end of drives), and no
+      schedule the drive took clear before covers the save: test a faster pace
+      (``trial_pace``), where the save goes past the model's cliff, knowing the drain could
+      shorten it by more than ``TEST_GAIN``, the drive leaves its cliff soon enough
+      (``TEST_EXIT_S``), and fewer than ``TEST_CROSSINGS`` tests of this writer met the
+      cliff."""
     if model.cliff is None:
         return model.clear is None or model.clear.total < capacity, None
     if deadline is not None or fill + capacity <= settings.headroom * model.cache_size:
@@ -185,8 +187,8 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     if not measured:
         return True, None
     clear = model.clear
-    if crossings >= TEST_CROSSINGS or model.how("drain_rate") == MEASURED or not (
-            model.post_cache_rate and model.fast_rate) or capacity <= model.cliff.bytes or (
+    if crossings >= TEST_CROSSINGS or not (model.post_cache_rate and model.fast_rate) or \
+            capacity <= model.cliff.bytes or _read_within_family(model) or (
             clear is not None and clear.total >= capacity and fill <= clear.start_fill):
         return False, None
     if model.cliff_margin is not None and model.cliff_margin > TEST_EXIT_S * model.drain:
@@ -195,6 +197,14 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     now = planned_seconds(model, model.drain, capacity, settings)
     best = planned_seconds(model, pace, capacity, settings)
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
+
+
+def _read_within_family(model: DriveModel) -> bool:
+    """Whether the drain was read off two cliffs and is no slower than the slow end of drives
+    (``assumed_drain``): a reading below it is likelier a cliff placed wrong than the drive,
+    and is tested again like a bound."""
+    slow_end = assumed_drain(model.post_cache_rate, model.fast_rate) or 0.0
+    return model.how("drain_rate") == MEASURED and model.drain >= slow_end
 
 
 def trial_pace(model: DriveModel) -> float:
