@@ -1,4 +1,4 @@
-"""What ``rate="auto"`` learns of the drive from one save's record (save_control.py): only what
+"""What ``rate="auto"`` learns of the drive from one save's record (save_record.py): only what
 the drive showed, and nothing written to learn it.
 
 - The new-file and post-cache rates where the drive, unpaced, set the save's pace before and in
@@ -30,7 +30,7 @@ from ..telemetry.drive_model import (
     StartFill,
     assumed_drain,
 )
-from .save_control import SaveRecord
+from .save_record import SaveRecord
 
 __all__ = ["learn"]
 

@@ -33,41 +33,41 @@ rest at the drain, the save plans.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
-from ..telemetry.drive_model import (
-    ASSUMED_CLIFF_MARGIN,
-    LOWER_BOUND,
-    MEASURED,
-    DriveModel,
-    assumed_drain,
-)
+from ..telemetry.drive_model import LOWER_BOUND, MEASURED, DriveModel, assumed_drain
 from .cliff_watch import (
     CLIFF_SHARE,
     DRIVE,
     HOLD_S,
-    SHORTFALL,
     SLICE_S,
     Look,
     ReadWatch,
     bytes_at,
-    dropped,
-    onset,
     rate_between,
-    stalled,
 )
 from .pacing import DEFAULT_SETTINGS, CachePlanner, PlanSettings
+from .save_readings import SaveReadings
+from .save_record import (
+    BURST,
+    PAUSE,
+    PLAN,
+    RECOVER,
+    REFILL,
+    REPEAT,
+    TEST,
+    SaveRecord,
+    SeenCliff,
+    describe,
+)
 
 __all__ = ["PLAN", "BURST", "PAUSE", "REFILL", "RECOVER", "REPEAT", "TEST", "SaveController",
-           "SaveRecord", "SeenCliff"]
+           "SaveRecord", "SeenCliff", "describe"]
 
 log = logging.getLogger(__name__)
 
-PLAN, BURST, PAUSE, REFILL, RECOVER, TEST, REPEAT = (
-    "plan", "burst", "pause", "refill", "recover", "test", "repeat")
 #: The pace that stops a write (bytes/s): a request waits far longer than any save lasts.
 PAUSE_RATE = 1.0
 #: Seconds between looks while the write is unpaced or measuring (a cliff is placed to about
@@ -88,9 +88,6 @@ MAX_STOP_S = 15.0
 #: the cliff: in it a drive writes at most 0.45 of that rate (docs/emulation.md's family) and,
 #: over a probe, a slice's burst more (0.6); out of it, at the rate less its noise.
 OUT_SHARE = 0.75
-#: A drain reading at or above this share of the new-file rate is no drive's: one that folds
-#: as fast as it writes has no cliff (the rest is the new-file rate's noise, a tenth).
-POSSIBLE_DRAIN_SHARE = 0.9
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
 #: The fastest drain to expect, as a share of the post-cache rate: the fast end of
@@ -99,43 +96,7 @@ FASTEST_DRAIN_SHARE = 1.6
 
 
 
-@dataclasses.dataclass
-class SeenCliff:
-    """A cliff the save met: when it began (seconds into the write), the write's bytes and
-    the drive's bytes then, what showed it, and what the save was doing."""
-
-    seconds: float
-    done: float
-    drive: float
-    shown_by: str   # "writes" or "reads"
-    during: str     # the mode it came in
-
-
-@dataclasses.dataclass
-class SaveRecord:
-    """What one save showed of the drive (checkpoint/drive_learning.py learns from it)."""
-
-    cliffs: List[SeenCliff] = dataclasses.field(default_factory=list)
-    fast_rate: Optional[float] = None      # the drive's own pace before a cliff
-    post_cache_rate: Optional[float] = None  # ... and in it (unpaced)
-    drain: Optional[float] = None          # bytes/s between the anchor and the next cliff
-    drain_how: Optional[str] = None        # MEASURED, or LOWER_BOUND (no cliff came)
-    drain_from: Optional[str] = None       # "refill" or "two cliffs"
-    exit_s: Optional[float] = None         # the drive was out of its cliff this long after
-    exit_bytes: float = 0.0                # the first anchor (at most), these bytes since
-    end_fill: Optional[float] = None       # the cache's fill at the end, by what was learned
-    ends_full: bool = False                # the save ended in its cliff
-    unpaced: bool = True                   # no pace held the write back anywhere
-    modes: List[tuple] = dataclasses.field(default_factory=list)  # (seconds, mode) changes
-    slo_misses: int = 0
-    conflict: bool = False
-    others_bytes: float = 0.0              # the drive's bytes from other writers meanwhile
-    test_pace: Optional[float] = None      # the pace a test save wrote its tail at
-    clear: Optional[tuple] = None          # (burst, pace, start fill): the schedule, where
-    #                                        it stayed clear
-
-
-class SaveController:
+class SaveController(SaveReadings):
     """The pace of one save (see the module docstring).
 
     ``model``: the drive's model as the save starts; ``start_fill(drain)``: the cache's fill
@@ -313,23 +274,9 @@ class SaveController:
         bursting = self.looks[-1][DRIVE] < self._test_until or not self._test_pace
         if not bursting and not self._steady:  # the burst's end: paced from here
             self._run_from, self._steady = self.looks[-2][0], self.pace()
-        low_from = seconds - HOLD_S
-        cliff = None
-        if not bursting and low_from >= self._run_from and self.reads.slowed():
-            cliff = self._seen(low_from, "reads")  # beside the paced tail only
-        elif bursting or low_from < self._run_from:
-            cliff = self._cliff_unpaced(seconds)  # the burst may meet a cliff come early
-        elif rate_between(self.looks, low_from, seconds) < SHORTFALL * self._steady and \
-                not stalled(self.looks, low_from):
-            cliff = self._seen(low_from, "writes")
+        cliff = self._cliff_tested(seconds, bursting)
         if cliff is not None:
             self._met(cliff, seconds)
-
-    def _possible(self, drain: Optional[float]) -> bool:
-        """Whether a drain reading can be a drive's: positive, and short of what it takes into
-        its cache by more than its noise (one that folds as fast as it writes has no cliff;
-        such a reading placed a moment wrong)."""
-        return bool(drain) and drain > 0 and drain < POSSIBLE_DRAIN_SHARE * (self.fast or math.inf)
 
     def _judge_probe(self, seconds: float, out: bool = False) -> bool:
         """Whether the refill's first bytes ran out of the cliff (at ``OUT_SHARE`` of the
@@ -436,48 +383,6 @@ class SaveController:
         self._pause_s = 0.0 if rec.drain_from == "two cliffs" else self._pause_for(seconds)
         self._enter(PAUSE if self._pause_s > 0 else RECOVER, seconds)
 
-    def _cliff_unpaced(self, seconds: float) -> Optional[SeenCliff]:
-        """The cliff in an unpaced run: its last hold below half its rate before."""
-        # An unpaced run is held to what the drive was seen to take unpaced (less its
-        # noise): one that never ran that fast is in its cliff from its start.
-        floor = 0.9 * self.fast if self.fast else 0.0
-        low_from = dropped(self.looks, self._run_from, seconds, floor)
-        return None if low_from is None else self._seen(low_from, "writes")
-
-    def _cliff_planned(self, seconds: float) -> Optional[SeenCliff]:
-        """A cliff the plan did not predict: an unpaced stretch dropping, a pace the drive
-        fell short of, or reads slowing. ``_run_from`` is when the pace last changed by more
-        than a tenth (or went from paced to unpaced): the stretch whose straight line the
-        cliff bends."""
-        low_from = seconds - HOLD_S
-        pace = self.planner.rate()
-        # Reads queue behind an unpaced write's large requests by themselves: they show the
-        # cliff only beside a paced write (short requests, time to spare) or none.
-        if pace > 0 and self._steady > 0 and self.reads.slowed():
-            return self._seen(low_from, "reads")
-        if (pace == 0) != (self._steady == 0) or abs(pace - self._steady) > 0.1 * self._steady:
-            self._run_from, self._steady = self.looks[-2][0], pace
-        if pace == 0:
-            return self._cliff_unpaced(seconds)
-        # A pace the cache takes at ease shows a cliff as a shortfall; one the drive takes in
-        # its cliff too (at or below the post-cache rate) does not.
-        if low_from < self._run_from or (self.post and pace <= 1.1 * self.post):
-            return None
-        now = rate_between(self.looks, low_from, seconds)
-        if now < SHORTFALL * min(pace, self.fast or pace) and not stalled(self.looks, low_from):
-            return self._seen(low_from, "writes")
-        return None
-
-    def _seen(self, low_from: float, shown_by: str) -> SeenCliff:
-        """The cliff confirmed low from ``low_from``, placed where it began (cliff_watch.onset:
-        the write fell from its pace, or, unpaced, from midway between the drive's rates)."""
-        pace = self.pace() if self.mode in (PLAN, TEST, REPEAT) and self._steady else 0.0
-        above = SHORTFALL * pace if pace else 0.5 * ((self.fast or 0.0) + (self.post or 0.0))
-        at = onset(self.looks, low_from, self._run_from, above) if shown_by == "writes" \
-            else low_from
-        return SeenCliff(at, bytes_at(self.looks, at), bytes_at(self.looks, at, DRIVE),
-                         shown_by, self.mode)
-
     # -- helpers -------------------------------------------------------------------------
     def _hold_anchor(self, done: float) -> None:
         """The newest anchor: the last look at which the write still completed bytes in the
@@ -486,40 +391,6 @@ class SaveController:
             self._anchors.append(self.looks[-1])
         elif done > self._anchors[-1][1]:
             self._anchors[-1] = self.looks[-1]
-
-    def _since_full(self, seconds: float, drive: Optional[float] = None) -> Optional[float]:
-        """The drive's bytes over the seconds from a moment its cache was full to
-        ``seconds`` (its counter then: ``drive``): the least over the anchors. Measured to a
-        cliff it is the drain, from the anchor at which the cache really was full (a later
-        one, where a probe in the cliff did not fill it again, and an earlier one, where it
-        did, read high); to a moment out of the cliff, a lower bound."""
-        drive = bytes_at(self.looks, seconds, DRIVE) if drive is None else drive
-        rates = [(drive - a[DRIVE]) / (seconds - a[0]) for a in self._anchors if seconds > a[0]]
-        return min(rates) if rates else None
-
-    def _last_clear(self, seconds: float) -> float:
-        """The latest moment a write out of its cliff is known to have stayed out: a slice
-        before ``seconds`` (a cliff may have begun within it, unseen by the tail check), or
-        the refill's start."""
-        return max(seconds - SLICE_S, self._since)
-
-    def _tail_cliff(self, seconds: float) -> Optional[SeenCliff]:
-        """A cliff in a write's last requests, too near its end to last a hold: its last
-        ``SLICE_S`` below half its unpaced rate before, or short of its pace."""
-        if self.mode not in (BURST, REFILL, TEST, REPEAT, PLAN) or (
-                self.mode == REFILL and not self._probed):
-            return None
-        start = seconds - SLICE_S
-        before = rate_between(self.looks, self._run_from, start)
-        if start - self._run_from < HOLD_S or before <= 0:
-            return None
-        now = rate_between(self.looks, start, seconds)
-        if self.mode in (BURST, REFILL) or self._steady == 0 or \
-                self.mode in (TEST, REPEAT) and self.looks[-1][DRIVE] < self._test_until:
-            low = now < 0.5 * max(before, 0.9 * (self.fast or 0))
-        else:
-            low = now < SHORTFALL * min(self._steady, before)
-        return self._seen(start, "writes") if low else None
 
     def _pause_for(self, seconds: float) -> float:
         """Seconds to pause before the refill: as long as the bytes left allow a refill to
@@ -542,67 +413,8 @@ class SaveController:
         # bounds the drain closest (the bytes over the fewest seconds).
         return max(pause, MIN_PAUSE_S)
 
-    def _clear_of(self, ref, end: float) -> Optional[float]:
-        """The least drain under which the save, from its start fill, never met the cliff the
-        model holds: each look's bytes would have met it under a slower one. (Not the last
-        hold, which could hide a cliff not yet seen.)"""
-        best = None
-        looks = [lk for lk in self.looks if lk[0] <= end - SLICE_S]
-        for seconds, _done, drive in looks[::5] + looks[-1:]:
-            drain = ref.drain_to(seconds, drive, self.start_fill, self.fast, bound=True)
-            if drain is not None and (best is None or drain > best):
-                best = drain
-        return best
-
-    def _cache(self) -> float:
-        """The cache's size by the save's drain, from the first cliff it met."""
-        return self._cache_by(self.drain or 0.0)
-
-    def _cache_by(self, drain: float) -> float:
-        first = self._first
-        return max(float(1 << 20), self.start_fill(drain) + first.drive - drain * first.seconds)
-
-    def _margin(self, cache: float) -> float:
-        """Bytes the drive frees before it leaves its cliff: at most what it had freed when
-        this save saw it out, else the model's."""
-        if self._exit_s is not None and self.drain:
-            return min(cache, max(0.0, self.drain * self._exit_s - self._exit_bytes))
-        return self.model.margin if self.model.has_cliff else ASSUMED_CLIFF_MARGIN * cache
-
     def _out_of_time(self, seconds: float) -> bool:
         return self.deadline is not None and seconds >= self.deadline * self.settings.finish
-
-    def _run_rate(self, until: float) -> Optional[float]:
-        rate = rate_between(self.looks, self._run_from, until)
-        return rate if until - self._run_from >= HOLD_S and rate > 0 else None
-
-    def _peak_rate(self) -> float:
-        """The fastest bytes/s between two looks at least 10 ms apart in the last second."""
-        recent = [lk for lk in self.looks if lk[0] >= self.looks[-1][0] - 1.0]
-        best = 0.0
-        for k in range(1, len(recent)):
-            j = k - 1
-            while j > 0 and recent[k][0] - recent[j][0] < 0.01:
-                j -= 1
-            span = recent[k][0] - recent[j][0]
-            if span >= 0.01:
-                best = max(best, (recent[k][2] - recent[j][2]) / span)
-        return best
-
-    def _end_fill(self, seconds: float) -> float:
-        if self.mode == PLAN:
-            return self.planner.fill
-        if not self.record.cliffs:
-            drain = self.drain or 0.0
-            fill = self.start_fill(drain) + self.looks[-1][DRIVE] - drain * seconds
-            cache = self.model.cliff.cache(drain) if self.model.has_cliff else math.inf
-            return min(max(0.0, fill), cache)
-        cache = self._cache()
-        if not self._anchors:
-            return cache
-        anchor = self._anchors[-1]
-        return max(0.0, cache - (self.drain or 0.0) * (seconds - anchor[0])
-                   + self.looks[-1][2] - anchor[2])
 
     def _follow_slo(self, seconds: float, p95: float) -> None:
         """Lowers the pace while reads miss ``read_slo``, raises it back while they meet it."""
@@ -617,12 +429,3 @@ class SaveController:
         elif planner.slo_cap is not None:
             raised = planner.slo_cap * 1.1
             planner.slo_cap = None if self.fast and raised >= self.fast else raised
-
-
-def describe(record: SaveRecord) -> Dict[str, object]:
-    """The record as plain values, for the save's report."""
-    out = dataclasses.asdict(record)
-    out["cliffs"] = [dataclasses.asdict(c) for c in record.cliffs]
-    return out
-
-
