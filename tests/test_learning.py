@@ -21,7 +21,7 @@ from drive_sim import SimDrive, run_save, shortest
 from flashstream import CheckpointWriter, load_checkpoint
 from flashstream.checkpoint.auto_pacing import save_kind, trial_pace
 from flashstream.checkpoint.drive_learning import learn
-from flashstream.checkpoint.save_control import SaveRecord, SeenCliff
+from flashstream.checkpoint.save_control import SaveController, SaveRecord, SeenCliff
 from flashstream.emulation import DriveSettings, random_settings, throttle_support
 from flashstream.telemetry.drive_model import (
     ASSUMED,
@@ -88,6 +88,21 @@ def _record(**kw) -> SaveRecord:
     return dataclasses.replace(SaveRecord(), **kw)
 
 
+@pytest.mark.parametrize("spread,how,drain", [(0.01, MEASURED, 0.5e9),
+                                               (0.1, LOWER_BOUND, 0.3e9),
+                                               (0.3, None, None)])
+def test_two_cliffs_read_the_drain_as_closely_as_they_were_placed(spread, how, drain):
+    # A cache of 1.2e9 draining at 0.5e9: met from empty at 0.8 s, and again at 1.8 s by a
+    # write that ran at 1e9 before it; each cliff placed to within ``spread`` seconds.
+    model = DriveModel("x", fast_rate=2e9, post_cache_rate=0.5e9)
+    model.cliff = ReferenceCliff(0.8, 1.6e9, spread=spread)
+    controller = SaveController(model, total=3e9, start_fill=lambda d: 0.0)
+    controller.looks = [(0.0, 0.0, 0.0), (1.6, 1.9e9, 1.9e9), (1.8, 2.1e9, 2.1e9)]
+    cliff = SeenCliff(1.8, 2.1e9, 2.1e9, "writes", "test", spread)
+    read, known = controller._two_cliffs(model.cliff, cliff)
+    assert known == how and read == (None if drain is None else pytest.approx(drain, rel=1e-6))
+
+
 def test_a_refill_reading_is_measured_and_sizes_the_cache(tmp_path):
     model = load_model(tmp_path)
     record = _record(cliffs=[SeenCliff(0.8, 1.6e9, 1.6e9, "writes", "burst")],
@@ -128,6 +143,19 @@ def test_a_cliff_drops_a_clear_schedule_and_the_drain_it_contradicted(tmp_path):
     assert model.cliff.bytes == 1.1e9  # it showed the cache smaller than the one held
 
 
+def test_a_test_that_meets_the_cliff_bounds_its_pace_and_keeps_the_drain_known(tmp_path):
+    model = load_model(tmp_path)
+    model.fast_rate, model.post_cache_rate, model.drain_rate = 2e9, 0.5e9, 0.3e9
+    model.cliff = ReferenceCliff(0.8, 1.6e9)
+    model.note("drain_rate", LOWER_BOUND, "save")
+    record = _record(cliffs=[SeenCliff(0.85, 1.6e9, 1.6e9, "writes", "test")],
+                     test_pace=1.25e9)  # too near the model's cliff to read a drain off
+    learn(model, record, total=3e9, start_fill=EMPTY, ended=time.time(), ended_disk=None)
+    assert model.crossed == 1.25e9  # the drive drains slower than that ...
+    assert model.drain == 0.3e9 and model.how("drain_rate") == LOWER_BOUND  # ... and no slower
+    assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 1.25e9))
+
+
 def test_which_saves_measure_test_repeat_or_plan():
     model = DriveModel("x", fast_rate=2e9, post_cache_rate=0.5e9, drain_rate=0.3e9)
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=False, crossings=0) == (
@@ -143,6 +171,12 @@ def test_which_saves_measure_test_repeat_or_plan():
     measure, pace = save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)
     assert not measure and pace == pytest.approx(trial_pace(model)) and pace > model.drain
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=2)[1] is None
+    # A schedule taken clear covers the save, but a test's pace would still shorten it.
+    model.clear = ClearSchedule(1.3e9, 0.35e9, 3e9)
+    assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] == pace
+    model.clear = ClearSchedule(1.3e9, 1.2e9, 3e9)  # ... and where it would not, repeat it
+    assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] is None
+    model.clear = None
     model.crossed = 0.8e9  # a test met the cliff there: the next halves the distance
     assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 0.8e9))
     model.note("drain_rate", MEASURED, "save")
@@ -199,9 +233,9 @@ def _scenario(seed: int, factor, saves: int = 4, share: float = 1.75):
         fill = model.start_fill(wall0 + due, None)(model.drain or 0.0)
         measure, test = save_kind(model, size, fill, deadline=None, measured=measured,
                                   crossings=crossings)
-        measured = measured or measure
         save = run_save(drive, model, size, measure=measure, test=test, quiet_read_s=0.0005,
                         wall0=wall0)
+        measured = measured or measure and bool(save.record.cliffs)  # as AutoPacing.learn
         crossings += bool(test) and bool(save.record.cliffs)
         took = drive.now - due
         first_end = drive.now if first_end is None else first_end

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from flashstream import CheckpointWriter, engine, load_checkpoint
-from flashstream.checkpoint.cliff_watch import ReadWatch, dropped, onset, stalled
+from flashstream.checkpoint.cliff_watch import (
+    HOLD_S,
+    ReadWatch,
+    dropped,
+    onset,
+    placed,
+    stalled,
+)
 from flashstream.checkpoint.pacing import CachePlanner, PlanSettings
 from flashstream.checkpoint.save_control import (
     BURST,
@@ -158,6 +165,18 @@ def test_a_drop_to_the_post_cache_rate_is_a_cliff_and_is_placed_where_it_began()
     assert dropped(looks[:56], 0.0, looks[55][0]) is None  # not yet a hold long
 
 
+def test_a_cliff_in_lumps_is_placed_with_a_wider_spread():
+    smooth = _looks([1e9] * 50 + [0.3e9] * 12)
+    lumps = _looks([3e9, 0.0, 0.0] * 17 + [0.9e9, 0.0, 0.0] * 4)  # the same means, in lumps
+    at_smooth, spread_smooth = placed(smooth, dropped(smooth, 0.0, smooth[-1][0]), 0.0, 0.65e9)
+    at_lumps, spread_lumps = placed(lumps, dropped(lumps, 0.0, lumps[-1][0]), 0.0, 0.65e9)
+    assert spread_smooth < 0.02 and spread_lumps > 2 * spread_smooth  # to within a look
+    assert abs(at_smooth - 1.0) <= spread_smooth + 0.001  # the bend lies within its spread
+    assert abs(at_lumps - 1.02) <= spread_lumps
+    confirmed = _looks([1e9] * 30 + [0.3e9] * 12)  # too short a run before to fit a line
+    assert placed(confirmed, 0.6, 0.58, 0.65e9)[1] == HOLD_S  # anywhere in the hold
+
+
 def test_a_stall_and_a_throttles_bursts_are_not_a_cliff():
     stall = _looks([1e9] * 50 + [0.0] * 12)  # nothing completes: the disk, not the cliff
     assert stalled(stall, 1.0)
@@ -236,8 +255,8 @@ def test_a_cliff_stops_the_write_so_the_drive_folds_and_then_reads_its_drain():
 def test_a_planned_save_that_meets_the_cliff_reads_the_drain_against_the_models():
     """The model holds a cliff met from an empty cache at 1.25 s after 1.25 GB (a 1 GB cache
     folding 200 MB/s). Planned as if the drive drained 400 MB/s, the save meets the cliff later
-    and slower: the two cliffs give the drain."""
-    ref = ReferenceCliff(1.25, 1.25e9)
+    and slower: the two cliffs, each placed to within a look, give the drain."""
+    ref = ReferenceCliff(1.25, 1.25e9, spread=0.01)
     model = _model(fast_rate=1e9, post_cache_rate=0.25e9, drain_rate=0.4e9, cliff=ref)
     ctl = SaveController(model, total=3e9, start_fill=lambda d: 0.0)
     assert ctl.mode == PLAN
@@ -250,6 +269,7 @@ def test_a_planned_save_that_meets_the_cliff_reads_the_drain_against_the_models(
         ctl.look(t, done, done)
     assert ctl.record.cliffs and ctl.record.drain_from == "two cliffs"
     assert ctl.record.drain == pytest.approx(0.2e9, rel=0.1)
+    assert ctl.record.drain_how == "measured"
 
 
 # -- the pace through the engines ----------------------------------------------------------------

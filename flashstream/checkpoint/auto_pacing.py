@@ -20,14 +20,22 @@ from typing import Dict, Optional, Tuple
 
 from ..telemetry.device import device_of
 from ..telemetry.diskstats import disk_counters
-from ..telemetry.drive_model import MEASURED, DriveModel, StartFill, assumed_drain, load_model
+from ..telemetry.drive_model import (
+    MEASURED,
+    ClearSchedule,
+    DriveModel,
+    StartFill,
+    assumed_drain,
+    load_model,
+)
 from .config import WriterConfig
 from .drive_learning import learn
 from .pacing import DEFAULT_SETTINGS, PlanSettings
 from .pacing_thread import PacingThread
 from .save_control import SaveController, describe
 
-__all__ = ["AutoPacing", "AutoSave", "planned_seconds", "save_kind", "trial_pace"]
+__all__ = ["AutoPacing", "AutoSave", "planned_seconds", "repeated_seconds", "save_kind",
+           "trial_pace"]
 
 #: Seconds of a save's tail (header, sync, commit) before one was timed.
 FIRST_TAIL_S = 0.2
@@ -74,7 +82,7 @@ class AutoPacing:
     def __init__(self, directory: os.PathLike, config: WriterConfig, *,
                  online_discard: bool) -> None:
         self.directory, self.config = directory, config
-        self.measured = False  # this writer measured the drive
+        self.measured = False  # a save of this writer met the cliff measuring the drive
         self.crossings = 0  # tests of this writer that met the cliff
         self.tail_s = FIRST_TAIL_S
         # (time.time(), the drive's counters) when the last save's data ended
@@ -102,7 +110,6 @@ class AutoPacing:
         measure, test = save_kind(model, capacity, start_fill(model.drain or 0.0),
                                   deadline=time_left, measured=self.measured,
                                   crossings=self.crossings, settings=settings)
-        self.measured = self.measured or measure
         controller = SaveController(
             model, total=capacity, start_fill=start_fill, measure=measure, test=test,
             deadline=time_left, settings=settings, lead=cfg.chunk_size * cfg.queue_depth,
@@ -145,6 +152,9 @@ class AutoPacing:
         learn(save.model, record, total=total, start_fill=save.start_fill, ended=ended,
               ended_disk=end_disk if save.pacing.disk else None)
         self.crossings += save.kind == "test" and bool(record.cliffs)
+        # A measuring save that met no cliff measured nothing: the next that needs pacing
+        # measures again.
+        self.measured = self.measured or save.kind == "measure" and bool(record.cliffs)
         out = describe(record)
         out.update(plan=save.kind, model=save.planned, others_before_bytes=save.others_before,
                    others_during_bytes=record.others_bytes)
@@ -174,27 +184,29 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
       keep): plan.
     - The first such save of a writer: measure (a model learned by someone else, or earlier,
       may be wrong either way however recent, and only a cliff tells).
-    - While the drain is not measured (or was read below the slow end of drives), and no
-      schedule the drive took clear before covers the save: test a faster pace
-      (``trial_pace``), where the save goes past the model's cliff, knowing the drain could
-      shorten it by more than ``TEST_GAIN``, the drive leaves its cliff soon enough
-      (``TEST_EXIT_S``), and fewer than ``TEST_CROSSINGS`` tests of this writer met the
-      cliff."""
+    - While the drain is not measured (or was read below the slow end of drives): test a
+      faster pace (``trial_pace``), where the save goes past the model's cliff, knowing the
+      pace could shorten it by more than ``TEST_GAIN`` against the plan (or a schedule the
+      drive took clear before), the drive leaves its cliff soon enough (``TEST_EXIT_S``),
+      and fewer than ``TEST_CROSSINGS`` tests of this writer met the cliff. A test that
+      meets the cliff recovers at once: its pace bounds the drain from above (the next test
+      halves the distance), and the drain known stays."""
     if model.cliff is None:
         return model.clear is None or model.clear.total < capacity, None
     if deadline is not None or fill + capacity <= settings.headroom * model.cache_size:
         return False, None
     if not measured:
         return True, None
-    clear = model.clear
     if crossings >= TEST_CROSSINGS or not (model.post_cache_rate and model.fast_rate) or \
-            capacity <= model.cliff.bytes or _read_within_family(model) or (
-            clear is not None and clear.total >= capacity and fill <= clear.start_fill):
+            capacity <= model.cliff.bytes or _read_within_family(model):
         return False, None
     if model.cliff_margin is not None and model.cliff_margin > TEST_EXIT_S * model.drain:
         return False, None  # a cliff the test meets would hold the reads too long
     pace = trial_pace(model)
     now = planned_seconds(model, model.drain, capacity, settings)
+    clear = model.clear
+    if clear is not None and clear.total >= capacity and fill <= clear.start_fill:
+        now = min(now, repeated_seconds(model, clear, capacity))  # or written as before
     best = planned_seconds(model, pace, capacity, settings)
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 
@@ -215,6 +227,15 @@ def trial_pace(model: DriveModel) -> float:
     if model.crossed is not None:
         high = min(high, model.crossed)
     return 0.5 * (model.drain + high) if model.crossed is not None else high
+
+
+def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float) -> float:
+    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was."""
+    fast = model.fast_rate or math.inf
+    if not clear.pace:
+        return capacity / fast
+    burst = min(clear.burst, capacity)
+    return burst / fast + (capacity - burst) / clear.pace
 
 
 def planned_seconds(model: DriveModel, drain: float, capacity: float,

@@ -23,12 +23,14 @@ bytes followed before and after it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["CLIFF_SHARE", "DRIVE", "HOLD_S", "READ_SLOWDOWN", "SHORTFALL", "SLICE_S", "STALL_S",
            "WRITE",
-           "Look", "ReadWatch", "bytes_at", "dropped", "onset", "rate_between", "stalled"]
+           "Look", "ReadWatch", "bytes_at", "dropped", "onset", "placed", "rate_between",
+           "stalled"]
 
 # (seconds since the write began, bytes it completed, bytes the drive took from every writer)
 Look = Tuple[float, float, float]
@@ -109,6 +111,15 @@ def onset(looks: Sequence[Look], low_from: float, run_from: float, above: float)
 
     A cliff placed late costs a reading little: the bytes it adds came at the cliff's own rate,
     near the drain. Placed early, it loses bytes written at the full rate before it."""
+    return placed(looks, low_from, run_from, above)[0]
+
+
+def placed(looks: Sequence[Look], low_from: float, run_from: float, above: float
+           ) -> Tuple[float, float]:
+    """:func:`onset`, and how far off it may be (seconds): where the two lines meet, the bytes'
+    scatter about them over the difference of their slopes (a drive, or a throttle, that
+    completes in lumps blurs where the bend is); where they cannot be fitted, a hold (the
+    cliff lies somewhere within the hold that confirmed it)."""
     before = [lk for lk in looks if max(run_from, low_from - 2 * HOLD_S) <= lk[0] <= low_from]
     after = [lk for lk in looks if lk[0] >= low_from]
     if len(before) >= 3 and len(after) >= 3:
@@ -117,13 +128,20 @@ def onset(looks: Sequence[Look], low_from: float, run_from: float, above: float)
         if fast.slope > slow.slope:
             meet = (slow.intercept - fast.intercept) / (fast.slope - slow.slope)
             if low_from - HOLD_S <= meet <= low_from + HOLD_S:
-                return meet
+                scatter = math.hypot(_scatter(before, fast), _scatter(after, slow))
+                return meet, scatter / (fast.slope - slow.slope)
     last = max(run_from, low_from)
     for t, _done, _drive in looks:
         if max(run_from, low_from - HOLD_S) + SLICE_S <= t <= looks[-1][0] - SLICE_S and \
                 rate_between(looks, t - SLICE_S, t) >= above:
             last = max(last, t)
-    return last
+    return last, HOLD_S
+
+
+def _scatter(looks: Sequence[Look], line) -> float:
+    """The bytes' standard deviation about a fitted line."""
+    residuals = [lk[1] - (line.intercept + line.slope * lk[0]) for lk in looks]
+    return math.sqrt(sum(r * r for r in residuals) / max(1, len(residuals) - 2))
 
 
 def bytes_at(looks: Sequence[Look], t: float, column: int = WRITE) -> float:

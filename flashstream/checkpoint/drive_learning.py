@@ -85,7 +85,13 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     else:
         assumed = assumed_drain(model.post_cache_rate, model.fast_rate)
         bound = record.drain if record.drain_how == LOWER_BOUND else None
-        if bound and (assumed is None or bound > assumed):
+        if record.test_pace and record.cliffs[0].during == "test" and model.drain_rate:
+            # A test met its cliff above the drain known: that bounds the pace (crossed), and
+            # the drain known stays, raised where the two cliffs bound it higher.
+            if bound and bound > model.drain_rate:
+                model.drain_rate = bound
+                model.note("drain_rate", LOWER_BOUND, source)
+        elif bound and (assumed is None or bound > assumed):
             model.drain_rate = bound
             model.note("drain_rate", LOWER_BOUND, source)
         else:  # the cliff contradicted the model or confirmed nothing: the safe end again
@@ -94,7 +100,7 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     drain = model.drain or 0.0
     first = record.cliffs[0]
     seen = ReferenceCliff(first.seconds, first.drive, start_fill.fill, start_fill.since,
-                          start_fill.before)
+                          start_fill.before, first.spread)
     # The cliff the model sizes the cache by: this one where none is held or this one shows
     # the cache smaller (the drive changed, or the one held was read high); else the one
     # held, which a measuring save met from the emptiest start.

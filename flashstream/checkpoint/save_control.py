@@ -21,9 +21,12 @@ answers the pace (pacing_thread.py runs it against a write in flight). Its modes
 - ``test``: where the drain is not measured and the save starts with the cache empty, the
   cliff the model holds (met from empty too) is tested: unpaced to the headroom's share of
   the time it took (short of it, whatever the drain), then paced midway between the drive's
-  two rates. A drive that drains slower than that meets its cliff again late in the save,
-  and the two cliffs give the drain; one that does not ends the save close under its cliff,
-  which bounds the drain from below closely.
+  two rates (auto_pacing.trial_pace). A drive that drains slower than that meets its cliff
+  again late in the save: the save recovers at once (no refill: it would hold the drive in
+  its cliff again), and the two cliffs read the drain as closely as they were placed
+  (save_readings.py); one that does not ends the save close under its cliff, which bounds
+  the drain from below closely.
+- ``repeat``: a schedule the drive took clear before, written the same way again.
 
 In ``plan``, a cliff the plan did not predict (cliff_watch.py: the write falling short, or
 the reads beside it slowing) starts the same measurement: ``pause``, ``refill``.
@@ -137,10 +140,6 @@ class SaveController(SaveReadings):
         clear = model.clear
         if measure or not model.has_cliff and (clear is None or clear.total < total):
             self._enter(BURST, 0.0)
-        elif clear is not None and clear.total >= total and fill <= clear.start_fill:
-            # Taken clear from an empty cache before: written the same way again.
-            self._test_until, self._test_pace = clear.burst, clear.pace
-            self._enter(REPEAT, 0.0)
         elif test and model.has_cliff and self.fast and self.post:
             # The cliff's bytes less the fill at the start by the fastest drain to expect
             # (the emptiest start): short of the cliff for any drain at least that fast, and
@@ -151,6 +150,10 @@ class SaveController(SaveReadings):
                 ref.start_fill(fastest) + ref.bytes - start_fill(fastest))
             self._test_pace = self.record.test_pace = test
             self._enter(TEST, 0.0)
+        elif clear is not None and clear.total >= total and fill <= clear.start_fill:
+            # Taken clear from an empty cache before: written the same way again.
+            self._test_until, self._test_pace = clear.burst, clear.pace
+            self._enter(REPEAT, 0.0)
         else:
             self._plan(0.0, fill, model.cliff.cache(self.drain or 0.0) if model.has_cliff
                        else None, resume=True)
@@ -347,7 +350,10 @@ class SaveController(SaveReadings):
         rec = self.record
         rec.cliffs.append(cliff)
         self._first = self._first or cliff
-        if cliff.shown_by == "writes" and self.mode != PLAN:
+        if cliff.shown_by == "writes" and (self.mode in (BURST, REFILL) or
+                                           self.mode in (TEST, REPEAT) and not self._steady):
+            # Met unpaced: the drive's own rates before and in its cliff (a paced tail's
+            # are the pace's and the recovery's).
             rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
             self.fast = rec.fast_rate or self.fast
             # Past the first of the throttle's (or the drive's) slices in the cliff, which
@@ -365,10 +371,11 @@ class SaveController(SaveReadings):
                 self.fast:
             # A planned save met the cliff the model sized: against the one the model holds,
             # it tells the drain.
-            drain = ref.drain_to(cliff.seconds, cliff.drive, self.start_fill, self.fast)
-            if self._possible(drain) and rec.drain_how != MEASURED:
-                self.drain, rec.drain, rec.drain_how = drain, drain, MEASURED
-                rec.drain_from = "two cliffs"
+            drain, how = self._two_cliffs(ref, cliff)
+            if drain is not None and rec.drain_how != MEASURED:
+                rec.drain, rec.drain_how, rec.drain_from = drain, how, "two cliffs"
+                if how == MEASURED:
+                    self.drain = drain
         if rec.drain_how != MEASURED:
             # Until the refill reads it, the drain is the slow end of drives: a model being
             # measured, or just contradicted, may be wrong either way (where it was planning
@@ -378,9 +385,11 @@ class SaveController(SaveReadings):
             self.drain = min(self.drain, assumed) if self.drain and assumed and \
                 cliff.during == PLAN else (assumed or self.drain)
         self._anchors, self._reads_held = [], False
-        # Measured against the model's cliff already, the save recovers and plans the rest;
-        # else it pauses and reads the drain from the refill.
-        self._pause_s = 0.0 if rec.drain_from == "two cliffs" else self._pause_for(seconds)
+        # Measured against the model's cliff already, or met by a test (whose pace it bounds:
+        # a refill would hold the drive in its cliff again), the save recovers and plans the
+        # rest; else it pauses and reads the drain from the refill.
+        self._pause_s = 0.0 if rec.drain_how == MEASURED or cliff.during == TEST \
+            else self._pause_for(seconds)
         self._enter(PAUSE if self._pause_s > 0 else RECOVER, seconds)
 
     # -- helpers -------------------------------------------------------------------------

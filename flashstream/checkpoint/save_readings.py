@@ -12,9 +12,9 @@ reads the controller's (``looks``, ``reads``, ``mode``, ``fast``, ``post``, ``dr
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
-from ..telemetry.drive_model import ASSUMED_CLIFF_MARGIN
+from ..telemetry.drive_model import ASSUMED_CLIFF_MARGIN, LOWER_BOUND, MEASURED, ReferenceCliff
 from .cliff_watch import (
     DRIVE,
     HOLD_S,
@@ -22,7 +22,7 @@ from .cliff_watch import (
     SLICE_S,
     bytes_at,
     dropped,
-    onset,
+    placed,
     rate_between,
     stalled,
 )
@@ -44,6 +44,26 @@ class SaveReadings:
         its cache by more than its noise (one that folds as fast as it writes has no cliff;
         such a reading placed a moment wrong)."""
         return bool(drain) and drain > 0 and drain < POSSIBLE_DRAIN_SHARE * (self.fast or math.inf)
+
+    def _two_cliffs(self, ref: ReferenceCliff, cliff: SeenCliff
+                    ) -> Tuple[Optional[float], Optional[str]]:
+        """The drain read off the model's cliff and this one, and how it is known. Each cliff
+        is placed to within its spread (cliff_watch.placed) along the write that met it, which
+        moves the reading by that many seconds of the write's rate over the drain, over the
+        seconds between the two: within the share of the drain the plans leave spare
+        (``1 - sustain``), measured; beyond, the reading less that error bounds the drain from
+        below (None: not even that)."""
+        drain = ref.drain_to(cliff.seconds, cliff.drive, self.start_fill, self.fast)
+        if not self._possible(drain):
+            return None, None
+        before = rate_between(self.looks, max(self._run_from, cliff.seconds - HOLD_S),
+                              cliff.seconds) or self.fast
+        ref_spread = HOLD_S if ref.spread is None else ref.spread
+        error = (ref_spread * abs(self.fast - drain) + cliff.spread * abs(before - drain)) / (
+            cliff.seconds - ref.seconds)
+        if error <= (1.0 - self.settings.sustain) * drain:
+            return drain, MEASURED
+        return (drain - error, LOWER_BOUND) if drain > error else (None, None)
 
     def _cliff_unpaced(self, seconds: float) -> Optional[SeenCliff]:
         """The cliff in an unpaced run: its last hold below half its rate before."""
@@ -95,10 +115,10 @@ class SaveReadings:
         the write fell from its pace, or, unpaced, from midway between the drive's rates)."""
         pace = self.pace() if self.mode in (PLAN, TEST, REPEAT) and self._steady else 0.0
         above = SHORTFALL * pace if pace else 0.5 * ((self.fast or 0.0) + (self.post or 0.0))
-        at = onset(self.looks, low_from, self._run_from, above) if shown_by == "writes" \
-            else low_from
+        at, spread = placed(self.looks, low_from, self._run_from, above) \
+            if shown_by == "writes" else (low_from, HOLD_S)
         return SeenCliff(at, bytes_at(self.looks, at), bytes_at(self.looks, at, DRIVE),
-                         shown_by, self.mode)
+                         shown_by, self.mode, spread)
 
     def _since_full(self, seconds: float, drive: Optional[float] = None) -> Optional[float]:
         """The drive's bytes over the seconds from a moment its cache was full to

@@ -25,6 +25,7 @@ class SeenCliff:
     drive: float
     shown_by: str   # "writes" or "reads"
     during: str     # the mode it came in
+    spread: float = 0.0  # seconds its placement may be off (cliff_watch.placed)
 
 
 @dataclasses.dataclass

@@ -110,6 +110,7 @@ class ReferenceCliff:
     fill: float = 0.0
     since: float = 0.0
     before: float = 0.0
+    spread: Optional[float] = None  # seconds its placement may be off (None: not known)
 
     def start_fill(self, drain: float) -> float:
         return StartFill(self.fill, self.since, self.before)(drain)
