@@ -204,9 +204,8 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
         return False, None  # a cliff the test meets would hold the reads too long
     pace = trial_pace(model)
     now = planned_seconds(model, model.drain, capacity, settings)
-    clear = model.clear
-    if clear is not None and clear.total >= capacity and fill <= clear.start_fill:
-        now = min(now, repeated_seconds(model, clear, capacity))  # or written as before
+    if model.clear is not None and model.clear.covers(capacity, fill):
+        now = min(now, repeated_seconds(model, model.clear, capacity))  # or written as before
     best = planned_seconds(model, pace, capacity, settings)
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 

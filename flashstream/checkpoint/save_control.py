@@ -150,7 +150,7 @@ class SaveController(SaveReadings):
                 ref.start_fill(fastest) + ref.bytes - start_fill(fastest))
             self._test_pace = self.record.test_pace = test
             self._enter(TEST, 0.0)
-        elif clear is not None and clear.total >= total and fill <= clear.start_fill:
+        elif clear is not None and clear.covers(total, fill):
             # Taken clear from an empty cache before: written the same way again.
             self._test_until, self._test_pace = clear.burst, clear.pace
             self._enter(REPEAT, 0.0)

@@ -92,10 +92,7 @@ class SaveReadings:
         # its cliff too (at or below the post-cache rate) does not.
         if low_from < self._run_from or (self.post and pace <= 1.1 * self.post):
             return None
-        now = rate_between(self.looks, low_from, seconds)
-        if now < SHORTFALL * min(pace, self.fast or pace) and not stalled(self.looks, low_from):
-            return self._seen(low_from, "writes")
-        return None
+        return self._short_of(min(pace, self.fast or pace), low_from, seconds)
 
     def _cliff_tested(self, seconds: float, bursting: bool) -> Optional[SeenCliff]:
         """A cliff in a test's (or a repeat's) schedule: in its burst as in any unpaced run;
@@ -105,7 +102,12 @@ class SaveReadings:
             return self._seen(low_from, "reads")  # beside the paced tail only
         if bursting or low_from < self._run_from:
             return self._cliff_unpaced(seconds)  # the burst may meet a cliff come early
-        if rate_between(self.looks, low_from, seconds) < SHORTFALL * self._steady and \
+        return self._short_of(self._steady, low_from, seconds)
+
+    def _short_of(self, pace: float, low_from: float, seconds: float) -> Optional[SeenCliff]:
+        """The cliff shown by a paced write completing under ``SHORTFALL`` of ``pace`` since
+        ``low_from`` (not stalling: a stall is the disk's, not the cliff)."""
+        if rate_between(self.looks, low_from, seconds) < SHORTFALL * pace and \
                 not stalled(self.looks, low_from):
             return self._seen(low_from, "writes")
         return None

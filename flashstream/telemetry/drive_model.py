@@ -159,6 +159,11 @@ class ClearSchedule:
     total: float
     start_fill: float = 0.0
 
+    def covers(self, total: float, fill: float) -> bool:
+        """Whether a write of ``total`` bytes from ``fill`` in the cache is one this schedule
+        took clear: no more bytes, from a cache that holds no more."""
+        return self.total >= total and fill <= self.start_fill
+
 
 @dataclasses.dataclass
 class DriveModel:
