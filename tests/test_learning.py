@@ -20,6 +20,7 @@ from drive_sim import SimDrive, run_save, shortest
 
 from flashstream import CheckpointWriter, load_checkpoint
 from flashstream.checkpoint.auto_pacing import save_kind, trial_pace
+from flashstream.checkpoint.cliff_watch import SHORTFALL
 from flashstream.checkpoint.drive_learning import learn
 from flashstream.checkpoint.save_control import SaveController, SaveRecord, SeenCliff
 from flashstream.emulation import DriveSettings, random_settings, throttle_support
@@ -177,8 +178,15 @@ def test_which_saves_measure_test_repeat_or_plan():
     model.clear = ClearSchedule(1.3e9, 1.2e9, 3e9)  # ... and where it would not, repeat it
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] is None
     model.clear = None
-    model.crossed = 0.8e9  # a test met the cliff there: the next halves the distance
-    assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 0.8e9))
+    model.crossed = 1.1e9  # a test met the cliff there: the next halves the distance
+    assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 1.1e9))
+    # ... but never below a pace whose cliff would show: in the cliff the drive still takes
+    # its post-cache rate, which a slower pace would not fall short of.
+    model.crossed = 0.7e9
+    assert trial_pace(model) == pytest.approx(0.5e9 / SHORTFALL)
+    model.crossed = 0.6e9  # ... and none where even that pace met the cliff
+    assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] is None
+    model.crossed = 1.1e9
     model.note("drain_rate", MEASURED, "save")
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] is None
     # A drain read below the slow end of drives (half the post-cache rate) is likelier a cliff

@@ -28,6 +28,7 @@ from ..telemetry.drive_model import (
     assumed_drain,
     load_model,
 )
+from .cliff_watch import SHORTFALL
 from .config import WriterConfig
 from .drive_learning import learn
 from .pacing import DEFAULT_SETTINGS, PlanSettings
@@ -207,6 +208,8 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     if model.clear is not None and model.clear.covers(capacity, fill):
         now = min(now, repeated_seconds(model, model.clear, capacity))  # or written as before
     best = planned_seconds(model, pace, capacity, settings)
+    if model.crossed is not None and pace >= model.crossed:
+        return False, None  # the cliff met there is all a test can show
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 
 
@@ -220,12 +223,15 @@ def _read_within_family(model: DriveModel) -> bool:
 
 def trial_pace(model: DriveModel) -> float:
     """The pace a test writes at past its burst: midway between the drive's rates before and
-    in its cliff (a cliff then shows as the write falling short), or, once a test met the
-    cliff at some pace, midway between that and the drain known (a bisection)."""
+    in its cliff, or, once a test met the cliff at some pace, midway between that and the
+    drain known (a bisection); never so slow that the cliff would not show: in its cliff the
+    drive still takes its post-cache rate, which must fall short of the pace
+    (cliff_watch.SHORTFALL), or a cliff the test meets passes unseen for a clear write."""
     high = 0.5 * (model.fast_rate + model.post_cache_rate)
     if model.crossed is not None:
         high = min(high, model.crossed)
-    return 0.5 * (model.drain + high) if model.crossed is not None else high
+    pace = 0.5 * (model.drain + high) if model.crossed is not None else high
+    return max(pace, model.post_cache_rate / SHORTFALL)
 
 
 def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float) -> float:

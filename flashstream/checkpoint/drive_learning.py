@@ -30,6 +30,7 @@ from ..telemetry.drive_model import (
     StartFill,
     assumed_drain,
 )
+from .cliff_watch import HOLD_S
 from .save_record import SaveRecord
 
 __all__ = ["learn"]
@@ -102,9 +103,13 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     seen = ReferenceCliff(first.seconds, first.drive, start_fill.fill, start_fill.since,
                           start_fill.before, first.spread)
     # The cliff the model sizes the cache by: this one where none is held or this one shows
-    # the cache smaller (the drive changed, or the one held was read high); else the one
-    # held, which a measuring save met from the emptiest start.
-    if model.cliff is None or seen.cache(drain) < model.cliff.cache(drain):
+    # the cache smaller even placed as late as it may have come (the drive changed, or the
+    # one held was read high); else the one held, which a measuring save met from the
+    # emptiest start (a cliff placed less closely, from a fill the drain only estimates,
+    # would size the cache small, and a bound off it would overstate the drain).
+    if model.cliff is None or \
+            seen.latest(model.fast_rate or 0.0, HOLD_S).cache(drain) < \
+            model.cliff.cache(drain):
         model.cliff = seen
     if record.exit_s is not None and drain:
         model.cliff_margin = max(0.0, drain * record.exit_s - record.exit_bytes)

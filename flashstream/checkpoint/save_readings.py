@@ -85,7 +85,7 @@ class SaveReadings:
         if pace > 0 and self._steady > 0 and self.reads.slowed():
             return self._seen(low_from, "reads")
         if (pace == 0) != (self._steady == 0) or abs(pace - self._steady) > 0.1 * self._steady:
-            self._run_from, self._steady = self.looks[-2][0], pace
+            self._run_from, self._steady = self.looks[-2][0] + (SLICE_S if pace else 0.0), pace
         if pace == 0:
             return self._cliff_unpaced(seconds)
         # A pace the cache takes at ease shows a cliff as a shortfall; one the drive takes in
@@ -158,9 +158,10 @@ class SaveReadings:
 
     def _clear_of(self, ref, end: float) -> Optional[float]:
         """The least drain under which the save, from its start fill, never met the cliff the
-        model holds: each look's bytes would have met it under a slower one. (Not the last
-        hold, which could hide a cliff not yet seen.)"""
+        model holds, placed as late as it may have come: each look's bytes would have met it
+        under a slower one. (Not the last hold, which could hide a cliff not yet seen.)"""
         best = None
+        ref = ref.latest(self.fast or 0.0, HOLD_S)  # the cache as large as its cliff allows
         looks = [lk for lk in self.looks if lk[0] <= end - SLICE_S]
         for seconds, _done, drive in looks[::5] + looks[-1:]:
             drain = ref.drain_to(seconds, drive, self.start_fill, self.fast, bound=True)
