@@ -19,7 +19,7 @@ import torch
 from drive_sim import SimDrive, run_save, shortest
 
 from flashstream import CheckpointWriter, load_checkpoint
-from flashstream.checkpoint.auto_pacing import save_kind, trial_pace
+from flashstream.checkpoint.auto_pacing import RATE_NOISE, save_kind, trial_pace
 from flashstream.checkpoint.cliff_watch import SHORTFALL
 from flashstream.checkpoint.drive_learning import learn
 from flashstream.checkpoint.save_control import SaveController, SaveRecord, SeenCliff
@@ -117,6 +117,29 @@ def test_a_refill_reading_is_measured_and_sizes_the_cache(tmp_path):
     assert again.fill == pytest.approx(1.1e9)
 
 
+def test_the_fill_is_anchored_where_the_cache_was_full_for_every_drain(tmp_path):
+    """A save that met its cliff anchors the next save's fill at the last moment it saw the
+    cache full: the fill then is the cache's size by the drain, and after it every byte the
+    drive takes and every second it folds, for any drain the next readings try (not the number
+    the model's drain made of it)."""
+    model = load_model(tmp_path)
+    record = _record(cliffs=[SeenCliff(0.8, 1.6e9, 1.6e9, "writes", "burst")],
+                     fast_rate=2e9, post_cache_rate=0.5e9, drain=0.4e9, drain_how=MEASURED,
+                     drain_from="refill", end_fill=1.1e9, full_before=(0.5, 0.3e9))
+    ended, disk = 1000.0, 10_000_000_000
+    learn(model, record, total=3e9, start_fill=EMPTY, ended=ended, ended_disk=disk)
+    for drain in (0.2e9, 0.4e9, 0.6e9):
+        start = model.start_fill(ended + 2.0, disk + int(0.5e9))(drain)
+        # full 0.5 s before the end; 0.3e9 bytes since then, 0.5e9 more, 2.5 s of folding
+        assert start == pytest.approx(model.cliff.cache(drain) + 0.8e9 - drain * 2.5)
+    # A clear save ends with its own estimate: the idle gaps between saves empty the cache
+    # whatever its drain, and a fill carried across them would grow by a slow drain's error.
+    clear = _record(end_fill=1.0e9, clear=(1e9, 0.5e9, 0.0))
+    learn(model, clear, total=3e9, start_fill=model.start_fill(ended + 2.0, disk + int(0.5e9)),
+          ended=ended + 4.0, ended_disk=disk + int(1.0e9))
+    assert model.start_fill(ended + 5.0, disk + int(1.0e9))(0.4e9) == pytest.approx(0.6e9)
+
+
 def test_a_lower_bound_raises_a_drain_and_never_lowers_one(tmp_path):
     model = load_model(tmp_path)
     model.fast_rate, model.post_cache_rate, model.drain_rate = 2e9, 0.5e9, 0.3e9
@@ -182,8 +205,8 @@ def test_which_saves_measure_test_repeat_or_plan():
     assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 1.1e9))
     # ... but never below a pace whose cliff would show: in the cliff the drive still takes
     # its post-cache rate, which a slower pace would not fall short of.
-    model.crossed = 0.7e9
-    assert trial_pace(model) == pytest.approx(0.5e9 / SHORTFALL)
+    model.crossed = 0.75e9
+    assert trial_pace(model) == pytest.approx(0.5e9 / SHORTFALL * (1 + RATE_NOISE))
     model.crossed = 0.6e9  # ... and none where even that pace met the cliff
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=True, crossings=0)[1] is None
     model.crossed = 1.1e9
@@ -266,7 +289,7 @@ def test_the_family_learned_from_the_saves_alone():
     """120 runs on 40 drives of the family (seeds 11-50), each fresh and from stored models
     4 x too slow and too fast measured minutes ago, a reader beside. Issue 48's targets are
     the aim; what this design reaches in the simulation is held against regressions: at least
-    70% of runs meet every target (87 of 120 at this writing), none spends more than 3 s in
+    70% of runs meet every target (92 of 120 at this writing), none spends more than 3 s in
     the cliff after its first save, and no save from the third takes over 4 x the shortest.
     (The runs that miss are mostly drives that leave their cliff only after freeing a fifth
     of their cache, and drives whose saves reach barely past it: docs/checkpoint.md,
@@ -299,6 +322,26 @@ def test_a_wrong_model_measured_minutes_ago_is_corrected_by_the_first_save(facto
         # between them (a fifth either way at these spans; docs/emulation.md, accuracy).
         assert 0.75 <= model.drain / settings.drain_rate <= 1.25, (seed, model.to_dict())
         assert model.post_cache_rate == pytest.approx(settings.post_cache_rate, rel=0.25)
+
+
+def test_a_throttle_that_credits_a_pause_is_not_a_drive_out_of_its_cliff():
+    """cgroup v1's throttle gives a writer that resumes after a pause the limit's worth of the
+    pause at once, besides its slice (20 MB at a 76 MB/s limit after a 0.18 s pause on the
+    emulator). A refill whose probe counted that burst read a drive still in its cliff as out
+    of it, and the drain off the refill up to 1.7 x high. Measuring saves on the family with
+    such a throttle: every drain read off a refill within a refill's accuracy."""
+    read = 0
+    for seed in range(11, 51):
+        settings = _drive(seed)
+        drive = SimDrive(settings, disk_rate=WRITE_RATE, noise=0.1, seed=seed,
+                         reads_per_s=250, idle_credit=True)
+        model = DriveModel("sim")
+        save = run_save(drive, model, 1.75 * settings.cache_size, measure=True,
+                        quiet_read_s=0.0005)
+        if save.record.drain_how == MEASURED:
+            read += 1
+            assert 0.75 <= model.drain / settings.drain_rate <= 1.25, (seed, model.to_dict())
+    assert read >= 10  # the drives whose saves have the bytes to refill
 
 
 # -- the bytes a save writes ---------------------------------------------------------------------
@@ -349,6 +392,11 @@ def _reads(path: Path, stop: threading.Event, rate: float = 100.0) -> None:
         os.close(fd)
 
 
+def _emulated_fill(drive, seconds: float) -> float:
+    """The emulated cache's fill at the timeline's first point from ``seconds`` on."""
+    return next((p.fill for p in drive.timeline if p.seconds >= seconds), 0.0)
+
+
 @needs_throttle
 def test_an_emulated_drive_is_learned_from_the_saves_with_a_reader_beside(tmp_path):
     """A drive drawn from the documented range at test scale (docs/emulation.md) each run
@@ -391,7 +439,10 @@ def test_an_emulated_drive_is_learned_from_the_saves_with_a_reader_beside(tmp_pa
     first = windows[0][1]
     assert first.pacing["plan"] == "measure", info
     assert first.pacing["cliffs"], info  # it met the cliff it measured
-    pacing = json.dumps([r.pacing for _, r in windows], default=str)
+    # What the emulated drive did in each save's window, beside what the saves saw of it.
+    seen = [{"start_fill_MiB": round(_emulated_fill(drive, due) / MiB, 1),
+             "cliff_s": round(drive.cliff_seconds(due, due + gap), 2)} for due, _ in windows]
+    pacing = json.dumps({"drive": seen, "saves": [r.pacing for _, r in windows]}, default=str)
     after = drive.cliff_seconds(windows[1][0])
     assert after <= 1.5, f"{info}; {after:.2f} s in the cliff after the first save; {pacing}"
     last = windows[-1][0]

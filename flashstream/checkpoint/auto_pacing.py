@@ -54,6 +54,11 @@ QUIET_READS = 20
 #: it more than a faster plan gains). The bound on the seconds in the cliff after a fresh
 #: start's first save (docs/checkpoint.md, "Limits"), which a test may spend once.
 TEST_EXIT_S = 0.5
+#: The spread of the rate a drive completes over a hold about its mean, as a share: a tenth,
+#: the noise save_readings.POSSIBLE_DRAIN_SHARE allows the new-file rate. A test's pace stands
+#: that far beyond the one whose cliff would just show as a shortfall, or the cliff hides in
+#: the noise and is seen late, if at all.
+RATE_NOISE = 0.1
 #: Tests of one writer that may meet the cliff before it plans with what it knows.
 TEST_CROSSINGS = 2
 #: A save tests a faster drain only where the drain it plans with could make it take this
@@ -226,12 +231,13 @@ def trial_pace(model: DriveModel) -> float:
     in its cliff, or, once a test met the cliff at some pace, midway between that and the
     drain known (a bisection); never so slow that the cliff would not show: in its cliff the
     drive still takes its post-cache rate, which must fall short of the pace
-    (cliff_watch.SHORTFALL), or a cliff the test meets passes unseen for a clear write."""
+    (cliff_watch.SHORTFALL) by more than its noise (``RATE_NOISE``), or a cliff the test
+    meets passes unseen, or late, for a clear write."""
     high = 0.5 * (model.fast_rate + model.post_cache_rate)
     if model.crossed is not None:
         high = min(high, model.crossed)
     pace = 0.5 * (model.drain + high) if model.crossed is not None else high
-    return max(pace, model.post_cache_rate / SHORTFALL)
+    return max(pace, model.post_cache_rate / SHORTFALL * (1.0 + RATE_NOISE))
 
 
 def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float) -> float:

@@ -69,13 +69,28 @@ def learn(model: DriveModel, record: SaveRecord, *, total: float,
 
 def _saved(model: DriveModel, record: SaveRecord, ended: float, ended_disk: Optional[int]
            ) -> DriveModel:
-    if model.cliff is not None or record.end_fill is not None:
-        model.set_fill(record.end_fill or 0.0, ended, ended_disk)
+    _anchor_fill(model, record, ended, ended_disk)
     try:
         model.save()
     except OSError as exn:  # the model is a cache: never fail a committed save over it
         log.warning("flashstream: could not save the drive's write model: %s", exn)
     return model
+
+
+def _anchor_fill(model: DriveModel, record: SaveRecord, ended: float,
+                 ended_disk: Optional[int]) -> None:
+    """Where the next save's fill is reckoned from. After a cliff, from the last moment the
+    save saw the cache full, as a function of the drain (the cache's size by it, plus what the
+    drive took since, less what it folded): the readings off the next save solve for the
+    drain through that fill, and a number reckoned by the drain the model held then (the slow
+    end of drives, until read) would move each of them by its error. Else, and where the
+    drive's counter is unknown, the save's end fill: reckoned afresh each save, so that the
+    idle gaps between saves, which empty the cache whatever its drain, bound the error."""
+    if ended_disk is not None and record.full_before is not None and model.cliff is not None:
+        seconds, nbytes = record.full_before
+        model.set_full(ended - seconds, int(ended_disk - nbytes))
+    elif model.cliff is not None or record.end_fill is not None:
+        model.set_fill(record.end_fill or 0.0, ended, ended_disk)
 
 
 def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,

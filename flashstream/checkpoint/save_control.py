@@ -76,8 +76,10 @@ PAUSE_RATE = 1.0
 #: Seconds between looks while the write is unpaced or measuring (a cliff is placed to about
 #: one), and otherwise.
 FINE_TICK_S, TICK_S = 0.02, 0.05
-#: Seconds of unpaced writing after a pause that tell whether the drive is out of its cliff:
-#: longer than one of the throttle's slices, whose burst passes at any rate.
+#: Seconds of unpaced writing after a pause that tell whether the drive is out of its cliff,
+#: from a slice after the refill began: the first slice brings a burst at any rate (the
+#: throttle's slice, with the pause it credits the writer: docs/emulation.md; on a drive, what
+#: the pause folded), and the probe spans more than a slice beyond.
 PROBE_S = 0.15
 #: The least pause before a refill (seconds): shorter, the drive has not folded a margin.
 MIN_PAUSE_S = 0.1
@@ -87,9 +89,10 @@ BURST_OVER_FAST = 2.0
 #: drive of docs/emulation.md's family needs to free its margin (a quarter of a cache of 2.5 s
 #: of fast writing, folding at half the slowest post-cache rate: under 9 s).
 MAX_STOP_S = 15.0
-#: A refill whose first ``PROBE_S`` ran at this share of the new-file rate or faster is out of
-#: the cliff: in it a drive writes at most 0.45 of that rate (docs/emulation.md's family) and,
-#: over a probe, a slice's burst more (0.6); out of it, at the rate less its noise.
+#: A refill whose probe (``PROBE_S``) ran at this share of the new-file rate or faster is out
+#: of the cliff: in it a drive writes at most 0.45 of that rate (docs/emulation.md's family),
+#: and a slice's burst more where the probe catches part of one (0.6); out of it, at the rate
+#: less its noise.
 OUT_SHARE = 0.75
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
@@ -225,8 +228,18 @@ class SaveController(SaveReadings):
                 # drained at least as fast as it took bytes since.
                 rec.drain = self._since_full(self._last_clear(seconds))
                 rec.drain_how = LOWER_BOUND
-        if self.mode in (BURST, REFILL) and not rec.cliffs and self._run_from == 0.0:
-            rec.fast_rate = rec.fast_rate or self._run_rate(seconds)
+        if self.mode in (BURST, REFILL) and self._run_from == 0.0 and (
+                not rec.cliffs or rec.cliffs == [tail]):
+            # Unpaced from the start: the drive's new-file rate, up to a cliff in the last
+            # requests (without it a model has no rate to assume a drain from, and a cache
+            # sized by no drain at all).
+            rec.fast_rate = rec.fast_rate or self._run_rate(tail.seconds if tail else seconds)
+            if tail is not None and rec.fast_rate and not rec.post_cache_rate:
+                # ... and in it, as closely as its last slice shows (below half the rate
+                # before, the rule that found it): else the drain is assumed at the slow end
+                # of all drives, and no test may ever find it faster.
+                post = rate_between(self.looks, tail.seconds, seconds)
+                rec.post_cache_rate = min(post, CLIFF_SHARE * rec.fast_rate) or None
         if not rec.cliffs and self.model.has_cliff and self.fast:
             bound = self._clear_of(self.model.cliff, seconds)
             if bound is not None:
@@ -237,6 +250,9 @@ class SaveController(SaveReadings):
                          self.start_fill(self.model.drain or 0.0))
         rec.ends_full = tail is not None or self.mode in (PAUSE, RECOVER) and not self._probed
         rec.end_fill = self._end_fill(seconds)
+        if rec.cliffs:
+            full = self.looks[-1] if rec.ends_full or not self._anchors else self._anchors[-1]
+            rec.full_before = (self.looks[-1][0] - full[0], self.looks[-1][DRIVE] - full[DRIVE])
         if self.planner is not None:
             rec.conflict = self.planner.conflict
         return rec
@@ -258,7 +274,7 @@ class SaveController(SaveReadings):
             self._met(cliff, seconds)
 
     def _refill(self, seconds: float, done: float) -> None:
-        if not self._probed and (seconds - self._since < PROBE_S
+        if not self._probed and (seconds - self._since < SLICE_S + PROBE_S
                                  or not self._judge_probe(seconds)):
             return
         cliff = self._cliff_unpaced(seconds)
@@ -286,7 +302,10 @@ class SaveController(SaveReadings):
     def _judge_probe(self, seconds: float, out: bool = False) -> bool:
         """Whether the refill's first bytes ran out of the cliff (at ``OUT_SHARE`` of the
         new-file rate or faster; ``out``: known from the reads); if not, back to pausing."""
-        rate = rate_between(self.looks, self._since, seconds)
+        # Past the first slice's burst, where the refill ran that long (else it ended first).
+        start = self._since + SLICE_S if seconds - self._since >= SLICE_S + PROBE_S \
+            else self._since
+        rate = rate_between(self.looks, start, seconds)
         if not out and rate < OUT_SHARE * (self.fast or rate):
             # Still in the cliff: fold some more. The probe may have filled the cache again:
             # its end is another moment the cache may have been full.
@@ -359,10 +378,16 @@ class SaveController(SaveReadings):
             rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
             self.fast = rec.fast_rate or self.fast
             # Past the first of the throttle's (or the drive's) slices in the cliff, which
-            # still brings a slice's worth at once.
+            # still brings a slice's worth at once. That window spans one slice, and holds
+            # anything from none of a slice's bytes to two slices' worth: under half the mean
+            # over all the cliff seen (which holds every slice since it began) it caught too
+            # little of one, and the longer window reads the rate closer.
+            whole = rate_between(self.looks, cliff.seconds, seconds)
             post = rate_between(self.looks, min(cliff.seconds + SLICE_S, seconds - SLICE_S),
-                                seconds) or rate_between(self.looks, cliff.seconds, seconds) \
-                or rate_between(self.looks, seconds - HOLD_S, seconds)
+                                seconds)
+            if post < 0.5 * whole:
+                post = whole
+            post = post or rate_between(self.looks, seconds - HOLD_S, seconds)
             if post > 0:
                 # In its cliff a drive writes below half its rate before (the rule that found
                 # the cliff): a short hold that read more took a slice's burst or the

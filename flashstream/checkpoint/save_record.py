@@ -41,6 +41,8 @@ class SaveRecord:
     exit_s: Optional[float] = None         # the drive was out of its cliff this long after
     exit_bytes: float = 0.0                # the first anchor (at most), these bytes since
     end_fill: Optional[float] = None       # the cache's fill at the end, by what was learned
+    full_before: Optional[tuple] = None    # (seconds, drive bytes) from the last moment seen
+    #                                        in the cliff (the cache full) to the end
     ends_full: bool = False                # the save ended in its cliff
     unpaced: bool = True                   # no pace held the write back anywhere
     modes: List[tuple] = dataclasses.field(default_factory=list)  # (seconds, mode) changes

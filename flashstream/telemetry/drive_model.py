@@ -253,6 +253,17 @@ class DriveModel:
             return StartFill()
         return StartFill(self.fill, self._written_since(disk), max(0.0, when - self.fill_time))
 
+    def set_full(self, when: float, disk: int) -> None:
+        """The cache was full at ``when`` (the drive's counter then: ``disk``). Its size is
+        the reference cliff's by the drain, ``base - drain * span``: the fill is anchored that
+        many seconds earlier with ``base`` bytes, so that every later fill stays the one
+        function of the drain that the cliff's reading is."""
+        ref = self.cliff
+        if ref is None:
+            raise ValueError("a full cache needs a cliff to size it")
+        self.fill = ref.fill + ref.since + ref.bytes
+        self.fill_time, self.fill_disk = when - ref.before - ref.seconds, disk
+
     def set_fill(self, fill: float, when: float, disk: Optional[int]) -> None:
         size = self.cache_size
         self.fill = max(0.0, fill if size is None else min(fill, size))
