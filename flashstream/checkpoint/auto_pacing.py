@@ -209,12 +209,12 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     if model.cliff_margin is not None and model.cliff_margin > TEST_EXIT_S * model.drain:
         return False, None  # a cliff the test meets would hold the reads too long
     pace = trial_pace(model)
+    if model.crossed is not None and pace >= model.crossed:
+        return False, None  # the cliff met there is all a test can show
     now = planned_seconds(model, model.drain, capacity, settings)
     if model.clear is not None and model.clear.covers(capacity, fill):
         now = min(now, repeated_seconds(model, model.clear, capacity))  # or written as before
     best = planned_seconds(model, pace, capacity, settings)
-    if model.crossed is not None and pace >= model.crossed:
-        return False, None  # the cliff met there is all a test can show
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 
 

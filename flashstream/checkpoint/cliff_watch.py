@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence, Tuple
 __all__ = ["CLIFF_SHARE", "DRIVE", "HOLD_S", "READ_SLOWDOWN", "SHORTFALL", "SLICE_S", "STALL_S",
            "WRITE",
            "Look", "ReadWatch", "bytes_at", "dropped", "onset", "placed", "rate_between",
-           "stalled"]
+           "spread_of", "stalled"]
 
 # (seconds since the write began, bytes it completed, bytes the drive took from every writer)
 Look = Tuple[float, float, float]
@@ -136,6 +136,13 @@ def placed(looks: Sequence[Look], low_from: float, run_from: float, above: float
                 rate_between(looks, t - SLICE_S, t) >= above:
             last = max(last, t)
     return last, HOLD_S
+
+
+def spread_of(cliff) -> float:
+    """Seconds a reference cliff's placement may be off: its own spread, or, where it has none
+    (a probe's, or a model's from before spreads were kept), a hold: the cliff lies somewhere
+    within the hold that confirmed it."""
+    return HOLD_S if cliff.spread is None else cliff.spread
 
 
 def _scatter(looks: Sequence[Look], line) -> float:

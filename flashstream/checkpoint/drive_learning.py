@@ -30,7 +30,7 @@ from ..telemetry.drive_model import (
     StartFill,
     assumed_drain,
 )
-from .cliff_watch import HOLD_S
+from .cliff_watch import spread_of
 from .save_record import SaveRecord
 
 __all__ = ["learn"]
@@ -123,7 +123,7 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     # emptiest start (a cliff placed less closely, from a fill the drain only estimates,
     # would size the cache small, and a bound off it would overstate the drain).
     if model.cliff is None or \
-            seen.latest(model.fast_rate or 0.0, HOLD_S).cache(drain) < \
+            seen.latest(model.fast_rate or 0.0, spread_of(seen)).cache(drain) < \
             model.cliff.cache(drain):
         model.cliff = seen
     if record.exit_s is not None and drain:

@@ -291,10 +291,8 @@ class SaveController(SaveReadings):
 
     def _test(self, seconds: float, done: float) -> None:
         bursting = self.looks[-1][DRIVE] < self._test_until or not self._test_pace
-        if not bursting and not self._steady:
-            # The burst's end: paced from here, but for the throttle's (or the drive's) slice
-            # the burst spent, which holds the first paced requests up to a slice.
-            self._run_from, self._steady = self.looks[-1][0] + SLICE_S, self.pace()
+        if not bursting and not self._steady:  # the burst's end: paced from here
+            self._new_run(self.looks[-1][0], self.pace())
         cliff = self._cliff_tested(seconds, bursting)
         if cliff is not None:
             self._met(cliff, seconds)

@@ -24,6 +24,7 @@ from .cliff_watch import (
     dropped,
     placed,
     rate_between,
+    spread_of,
     stalled,
 )
 from .save_record import BURST, PLAN, REFILL, REPEAT, TEST, SeenCliff
@@ -58,8 +59,7 @@ class SaveReadings:
             return None, None
         before = rate_between(self.looks, max(self._run_from, cliff.seconds - HOLD_S),
                               cliff.seconds) or self.fast
-        ref_spread = HOLD_S if ref.spread is None else ref.spread
-        error = (ref_spread * abs(self.fast - drain) + cliff.spread * abs(before - drain)) / (
+        error = (spread_of(ref) * abs(self.fast - drain) + cliff.spread * abs(before - drain)) / (
             cliff.seconds - ref.seconds)
         if error <= (1.0 - self.settings.sustain) * drain:
             return drain, MEASURED
@@ -85,7 +85,7 @@ class SaveReadings:
         if pace > 0 and self._steady > 0 and self.reads.slowed():
             return self._seen(low_from, "reads")
         if (pace == 0) != (self._steady == 0) or abs(pace - self._steady) > 0.1 * self._steady:
-            self._run_from, self._steady = self.looks[-2][0] + (SLICE_S if pace else 0.0), pace
+            self._new_run(self.looks[-2][0], pace)
         if pace == 0:
             return self._cliff_unpaced(seconds)
         # A pace the cache takes at ease shows a cliff as a shortfall; one the drive takes in
@@ -93,6 +93,13 @@ class SaveReadings:
         if low_from < self._run_from or (self.post and pace <= 1.1 * self.post):
             return None
         return self._short_of(min(pace, self.fast or pace), low_from, seconds)
+
+    def _new_run(self, changed: float, pace: float) -> None:
+        """A run at ``pace`` (0: unpaced) from ``changed``, when the pace changed. A paced run
+        is judged from a slice later: the throttle's (or the drive's) slice the run before it
+        spent holds its first requests up to a slice, which a shortfall would read as a
+        cliff."""
+        self._run_from, self._steady = changed + (SLICE_S if pace else 0.0), pace
 
     def _cliff_tested(self, seconds: float, bursting: bool) -> Optional[SeenCliff]:
         """A cliff in a test's (or a repeat's) schedule: in its burst as in any unpaced run;
@@ -161,7 +168,7 @@ class SaveReadings:
         model holds, placed as late as it may have come: each look's bytes would have met it
         under a slower one. (Not the last hold, which could hide a cliff not yet seen.)"""
         best = None
-        ref = ref.latest(self.fast or 0.0, HOLD_S)  # the cache as large as its cliff allows
+        ref = ref.latest(self.fast or 0.0, spread_of(ref))  # the cache as large as its cliff allows
         looks = [lk for lk in self.looks if lk[0] <= end - SLICE_S]
         for seconds, _done, drive in looks[::5] + looks[-1:]:
             drain = ref.drain_to(seconds, drive, self.start_fill, self.fast, bound=True)

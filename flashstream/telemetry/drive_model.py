@@ -119,11 +119,10 @@ class ReferenceCliff:
         """The cache's size, given that it drained at ``drain`` bytes/s meanwhile."""
         return max(MIN_CACHE, self.start_fill(drain) + self.bytes - drain * self.seconds)
 
-    def latest(self, rate: float, unknown_spread: float) -> ReferenceCliff:
-        """The same cliff as late as its placement allows (``spread`` seconds on, or
-        ``unknown_spread`` where that is not known, at the write's ``rate``): the largest cache
-        it can show, for a bound that must not overstate the drain."""
-        spread = unknown_spread if self.spread is None else self.spread
+    def latest(self, rate: float, spread: float) -> ReferenceCliff:
+        """The same cliff as late as its placement allows (``spread`` seconds on, at the
+        write's ``rate``): the largest cache it can show, for a bound that must not overstate
+        the drain."""
         return dataclasses.replace(self, seconds=self.seconds + spread,
                                    bytes=self.bytes + spread * rate, spread=0.0)
 
