@@ -252,6 +252,54 @@ def test_a_cliff_stops_the_write_so_the_drive_folds_and_then_reads_its_drain():
     assert [m for _, m in record.modes][:4] == [BURST, PAUSE, "refill", "recover"]
 
 
+def _measuring_save(total, *, fast, post, drain, cache, margin, stepped=False, look=0.0205):
+    """A measuring save on a clock-free drive (stepped every millisecond), looked at every
+    ``look`` seconds (the controller's fine tick, off the throttle's slices): unpaced at
+    ``fast`` into a ``cache`` folding ``drain``, in its cliff at ``post`` until folding frees
+    ``margin``. ``stepped``: in the cliff the drive takes a slice's worth (0.1 s of ``post``)
+    in the first quarter of each slice, as the block-I/O throttle passes it. Returns the
+    record."""
+    ctl = SaveController(DriveModel("sim"), total=total, start_fill=lambda d: 0.0)
+    fill, cliff, t, done, since, dt, pace = 0.0, False, 0.0, 0.0, 0.0, 0.001, ctl.pace()
+    next_look = look
+    while done < total and t < 60:
+        rate = fast
+        if cliff and stepped:
+            rate = 4 * post if (t - since) % 0.1 < 0.025 else 0.0
+        elif cliff:
+            rate = post
+        step = 0.0 if pace == PAUSE_RATE else min(total - done, min(pace or rate, rate) * dt)
+        done, t = done + step, t + dt
+        fill = min(cache, left_after_folding(fill + step, drain, dt))
+        was, cliff = cliff, fill >= cache or (cliff and fill > cache - margin)
+        since = t if cliff and not was else since
+        if t >= next_look - 1e-9:
+            pace, next_look = ctl.look(t, done, done), next_look + look
+    return ctl.finish(t, done, done)
+
+
+def test_a_refill_that_meets_its_cliff_within_its_probe_reads_the_drain():
+    """The pause freed little more than the drive's margin: the refill runs out of the cliff
+    at the new-file rate and meets it again within the 0.25 s its probe takes. It ran fast for
+    more than the cliff could take over two slices: out of the cliff, and its cliff gives the
+    drain (not a refill judged still in the cliff, paused again and out of bytes)."""
+    record = _measuring_save(1.5e9, fast=1e9, post=0.2e9, drain=0.15e9, cache=1e9,
+                             margin=0.02e9)
+    assert [m for _, m in record.modes][:3] == [BURST, PAUSE, "refill"]
+    assert PAUSE not in [m for _, m in record.modes][2:]
+    assert record.drain_how == "measured"
+    assert record.drain == pytest.approx(0.15e9, rel=0.1)
+
+
+def test_the_post_cache_rate_is_read_over_a_whole_slice_of_a_stepped_cliff():
+    """In its cliff the throttle passes a slice's worth at the start of each 0.1 s slice. The
+    looks inside a slice-long window span less than it; read over them, one step came out a
+    fifth and more above the rate. Counted to the window's edges: the rate."""
+    record = _measuring_save(1.6e9, fast=1e9, post=0.25e9, drain=0.2e9, cache=1e9,
+                             margin=0.05e9, stepped=True)
+    assert record.post_cache_rate == pytest.approx(0.25e9, rel=0.1)
+
+
 def test_a_planned_save_that_meets_the_cliff_reads_the_drain_against_the_models():
     """The model holds a cliff met from an empty cache at 1.25 s after 1.25 GB (a 1 GB cache
     folding 200 MB/s). Planned as if the drive drained 400 MB/s, the save meets the cliff later

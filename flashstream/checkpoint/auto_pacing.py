@@ -212,8 +212,8 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     if model.crossed is not None and pace >= model.crossed:
         return False, None  # the cliff met there is all a test can show
     now = planned_seconds(model, model.drain, capacity, settings)
-    if model.clear is not None and model.clear.covers(capacity, fill):
-        now = min(now, repeated_seconds(model, model.clear, capacity))  # or written as before
+    if model.clear is not None and model.clear.covers(capacity, fill):  # or written as before
+        now = min(now, repeated_seconds(model, model.clear, capacity, settings))
     best = planned_seconds(model, pace, capacity, settings)
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 
@@ -240,13 +240,15 @@ def trial_pace(model: DriveModel) -> float:
     return max(pace, model.post_cache_rate / SHORTFALL * (1.0 + RATE_NOISE))
 
 
-def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float) -> float:
-    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was."""
+def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float,
+                     settings: PlanSettings = DEFAULT_SETTINGS) -> float:
+    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was (its pace at the
+    sustained share, as save_control repeats it)."""
     fast = model.fast_rate or math.inf
     if not clear.pace:
         return capacity / fast
     burst = min(clear.burst, capacity)
-    return burst / fast + (capacity - burst) / clear.pace
+    return burst / fast + (capacity - burst) / (settings.sustain * clear.pace)
 
 
 def planned_seconds(model: DriveModel, drain: float, capacity: float,

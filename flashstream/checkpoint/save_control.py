@@ -46,6 +46,7 @@ from .cliff_watch import (
     DRIVE,
     HOLD_S,
     SLICE_S,
+    WRITE,
     Look,
     ReadWatch,
     bytes_at,
@@ -81,6 +82,11 @@ FINE_TICK_S, TICK_S = 0.02, 0.05
 #: throttle's slice, with the pause it credits the writer: docs/emulation.md; on a drive, what
 #: the pause folded), and the probe spans more than a slice beyond.
 PROBE_S = 0.15
+#: The longest pause a block-I/O throttle credits a writer (seconds): one idle that long or less
+#: gets its limit's worth of the pause at once when it resumes, besides its slice (cgroup v1
+#: on kernel 6.18: idle 0.1-0.15 s, a limit x 0.2-0.25 s at once); one idle longer starts a
+#: fresh slice (idle 0.18-1.2 s: a slice's worth).
+CREDITED_IDLE_S = 0.15
 #: The least pause before a refill (seconds): shorter, the drive has not folded a margin.
 MIN_PAUSE_S = 0.1
 #: A measuring write runs at this many times the drive's new-file rate, once known.
@@ -154,8 +160,10 @@ class SaveController(SaveReadings):
             self._test_pace = self.record.test_pace = test
             self._enter(TEST, 0.0)
         elif clear is not None and clear.covers(total, fill):
-            # Taken clear from an empty cache before: written the same way again.
-            self._test_until, self._test_pace = clear.burst, clear.pace
+            # Taken clear from an empty cache before: written the same way again, its pace
+            # with the margin the plans leave for a drain read high (a cliff in the last
+            # slice of the save that took it clear would have passed unseen, at the edge).
+            self._test_until, self._test_pace = clear.burst, self.settings.sustain * clear.pace
             self._enter(REPEAT, 0.0)
         else:
             self._plan(0.0, fill, model.cliff.cache(self.drain or 0.0) if model.has_cliff
@@ -246,7 +254,8 @@ class SaveController(SaveReadings):
                 rec.drain, rec.drain_how, rec.drain_from = bound, LOWER_BOUND, "no cliff"
         rec.others_bytes = self.looks[-1][DRIVE] - self.looks[-1][1]
         if not rec.cliffs and self.mode in (TEST, REPEAT, BURST):
-            rec.clear = (self._test_until if self._test_pace else self.total, self._test_pace,
+            pace = self.model.clear.pace if self.mode == REPEAT else self._test_pace
+            rec.clear = (self._test_until if self._test_pace else self.total, pace,
                          self.start_fill(self.model.drain or 0.0))
         rec.ends_full = tail is not None or self.mode in (PAUSE, RECOVER) and not self._probed
         rec.end_fill = self._end_fill(seconds)
@@ -304,7 +313,7 @@ class SaveController(SaveReadings):
         start = self._since + SLICE_S if seconds - self._since >= SLICE_S + PROBE_S \
             else self._since
         rate = rate_between(self.looks, start, seconds)
-        if not out and rate < OUT_SHARE * (self.fast or rate):
+        if not out and rate < OUT_SHARE * (self.fast or rate) and not self._ran_out_first():
             # Still in the cliff: fold some more. The probe may have filled the cache again:
             # its end is another moment the cache may have been full.
             self._pause_s *= PAUSE_GROWTH
@@ -317,6 +326,23 @@ class SaveController(SaveReadings):
         self._exit_bytes = bytes_at(self.looks, self._since, DRIVE) - first[DRIVE]
         self.record.exit_s, self.record.exit_bytes = self._exit_s, self._exit_bytes
         return True
+
+    def _ran_out_first(self) -> bool:
+        """Whether the refill ran out of the cliff and met it again within its probe: from
+        its start it ran at ``OUT_SHARE`` of the new-file rate or faster for more bytes than
+        the drive takes in its cliff over two slices (the slice in progress and the next,
+        which a throttle or a drive may bring at once) and the pause before it, as far as a
+        throttle credits it (``CREDITED_IDLE_S``)."""
+        if not (self.fast and self.post and self._anchors):
+            return False
+        idle = max(0.0, self._since - self._anchors[-1][0])
+        refill = [lk for lk in self.looks if lk[0] >= self._since - 1e-9]
+        fast = 0.0
+        for a, b in zip(refill, refill[1:]):
+            if b[0] <= a[0] or (b[WRITE] - a[WRITE]) / (b[0] - a[0]) < OUT_SHARE * self.fast:
+                break
+            fast = b[WRITE] - refill[0][WRITE]
+        return fast > (min(idle, CREDITED_IDLE_S) + 2 * SLICE_S) * self.post
 
     def _pause(self, seconds: float, done: float) -> None:
         self._hold_anchor(done)
@@ -376,13 +402,15 @@ class SaveController(SaveReadings):
             rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
             self.fast = rec.fast_rate or self.fast
             # Past the first of the throttle's (or the drive's) slices in the cliff, which
-            # still brings a slice's worth at once. That window spans one slice, and holds
-            # anything from none of a slice's bytes to two slices' worth: under half the mean
-            # over all the cliff seen (which holds every slice since it began) it caught too
-            # little of one, and the longer window reads the rate closer.
+            # still brings a slice's worth at once. That window spans one slice, counted to
+            # its edges (the looks inside it span less, and a step's bytes over that read
+            # high), and holds anything from none of a slice's bytes to two slices' worth:
+            # under half the mean over all the cliff seen (which holds every slice since it
+            # began) it caught too little of one, and the longer window reads the rate closer.
             whole = rate_between(self.looks, cliff.seconds, seconds)
-            post = rate_between(self.looks, min(cliff.seconds + SLICE_S, seconds - SLICE_S),
-                                seconds)
+            start = min(cliff.seconds + SLICE_S, seconds - SLICE_S)
+            post = (bytes_at(self.looks, seconds) - bytes_at(self.looks, start)) / (
+                seconds - start)
             if post < 0.5 * whole:
                 post = whole
             post = post or rate_between(self.looks, seconds - HOLD_S, seconds)
