@@ -290,7 +290,7 @@ def test_the_family_learned_from_the_saves_alone():
     4 x too slow and too fast measured minutes ago, a reader beside (held in the cliff as the
     emulator holds it: to a rate it asks less than, so it shows no cliff). Issue 48's targets
     are the aim; what this design reaches in the simulation is held against regressions: at
-    least 70% of runs meet every target (88 of 120 at this writing), none spends more than 3 s in
+    least 75% of runs meet every target (96 of 120 at this writing), none spends more than 3 s in
     the cliff after its first save, and no save from the third takes over 4 x the shortest.
     (The runs that miss are mostly drives that leave their cliff only after freeing a fifth
     of their cache, and drives whose saves reach barely past it: docs/checkpoint.md,
@@ -302,7 +302,7 @@ def test_the_family_learned_from_the_saves_alone():
             met += _meets(scenario, rows, after)
             worst_cliff = max(worst_cliff, after)
             worst_ratio = max(worst_ratio, max(r for r, _ in rows[2:]))
-    assert met >= 0.7 * 120, met
+    assert met >= 0.75 * 120, met
     assert worst_cliff <= 3.0 and worst_ratio <= 4.0, (worst_cliff, worst_ratio)
 
 
@@ -323,6 +323,9 @@ def test_a_wrong_model_measured_minutes_ago_is_corrected_by_the_first_save(facto
         # between them (a fifth either way at these spans; docs/emulation.md, accuracy).
         assert 0.75 <= model.drain / settings.drain_rate <= 1.25, (seed, model.to_dict())
         assert model.post_cache_rate == pytest.approx(settings.post_cache_rate, rel=0.25)
+        # ... and the cache by the cliff this save met, not the stored model's: read by the
+        # drain measured, a cliff placed by a drain 4 x too slow sized it a fifth small.
+        assert model.cache_size == pytest.approx(settings.cache_size, rel=0.1), seed
 
 
 def test_a_throttle_that_credits_a_pause_is_not_a_drive_out_of_its_cliff():

@@ -31,7 +31,7 @@ from ..telemetry.drive_model import (
     assumed_drain,
 )
 from .cliff_watch import spread_of
-from .save_record import SaveRecord
+from .save_record import BURST, SaveRecord
 
 __all__ = ["learn"]
 
@@ -117,12 +117,15 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     first = record.cliffs[0]
     seen = ReferenceCliff(first.seconds, first.drive, start_fill.fill, start_fill.since,
                           start_fill.before, first.spread)
-    # The cliff the model sizes the cache by: this one where none is held or this one shows
-    # the cache smaller even placed as late as it may have come (the drive changed, or the
-    # one held was read high); else the one held, which a measuring save met from the
-    # emptiest start (a cliff placed less closely, from a fill the drain only estimates,
-    # would size the cache small, and a bound off it would overstate the drain).
-    if model.cliff is None or \
+    # The cliff the model sizes the cache by: this one where none is held, where this save
+    # measured (unpaced from its start: the model it began from may be wrong either way, and
+    # its cliff is the one it measured against), or where this one shows the cache smaller
+    # even placed as late as it may have come (the drive changed, or the one held was read
+    # high); else the one held, which a measuring save met from the emptiest start (a cliff
+    # placed less closely, from a fill the drain only estimates, would size the cache
+    # small, and a bound off it would overstate the drain).
+    measuring = first.during == BURST and bool(record.modes) and record.modes[0][1] == BURST
+    if model.cliff is None or measuring or \
             seen.latest(model.fast_rate or 0.0, spread_of(seen)).cache(drain) < \
             model.cliff.cache(drain):
         model.cliff = seen
