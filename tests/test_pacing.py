@@ -222,36 +222,6 @@ def test_a_drive_seen_for_the_first_time_is_measured_from_the_first_byte():
     assert roomy.mode == REPEAT and roomy.pace() == 2e9  # paced far above the drive
 
 
-def test_a_cliff_stops_the_write_so_the_drive_folds_and_then_reads_its_drain():
-    """Clock-free: a drive that takes 1 GB/s into a 1 GB cache folding 200 MB/s, in its cliff
-    at 250 MB/s. At the cliff the save pauses (the cache full at the anchor), writes again once
-    the drive is out, and the bytes the drive took from the anchor to the cliff's return, over
-    the seconds between, are the drain."""
-    fast, post, drain, cache = 1e9, 0.25e9, 0.2e9, 1e9
-    ctl = SaveController(DriveModel("sim"), total=4e9, start_fill=lambda d: 0.0)
-    fill, cliff, t, done, dt = 0.0, False, 0.0, 0.0, 0.01
-    margin = 0.05 * cache
-    while done < 4e9 and t < 60:
-        pace = ctl.pace()
-        rate = post if cliff else fast
-        step = (rate if pace == 0 else min(pace, rate)) * dt
-        if pace == PAUSE_RATE:
-            step = 0.0
-        done, t = done + step, t + dt
-        fill = min(cache, left_after_folding(fill + step, drain if not cliff or step == 0 else
-                                  min(drain, post), dt))
-        cliff = fill >= cache or (cliff and fill > cache - margin)
-        ctl.look(t, done, done)
-    record = ctl.finish(t, done, done)
-    assert [c.during for c in record.cliffs][:2] == [BURST, "refill"]
-    assert record.cliffs[0].seconds == pytest.approx(cache / (fast - drain), abs=0.03)
-    assert record.fast_rate == pytest.approx(fast, rel=0.02)
-    assert record.post_cache_rate == pytest.approx(post, rel=0.1)
-    assert record.drain == pytest.approx(drain, rel=0.05) and record.drain_how == "measured"
-    assert record.exit_s >= margin / drain
-    assert [m for _, m in record.modes][:4] == [BURST, PAUSE, "refill", "recover"]
-
-
 def _measuring_save(total, *, fast, post, drain, cache, margin, stepped=False, look=0.0205):
     """A measuring save on a clock-free drive (stepped every millisecond), looked at every
     ``look`` seconds (the controller's fine tick, off the throttle's slices): unpaced at
@@ -276,6 +246,24 @@ def _measuring_save(total, *, fast, post, drain, cache, margin, stepped=False, l
         if t >= next_look - 1e-9:
             pace, next_look = ctl.look(t, done, done), next_look + look
     return ctl.finish(t, done, done)
+
+
+def test_a_cliff_stops_the_write_so_the_drive_folds_and_then_reads_its_drain():
+    """Clock-free: a drive that takes 1 GB/s into a 1 GB cache folding 200 MB/s, in its cliff
+    at 250 MB/s. At the cliff the save pauses (the cache full at the anchor), writes again once
+    the drive is out, and the bytes the drive took from the anchor to the cliff's return, over
+    the seconds between, are the drain."""
+    fast, post, drain, cache = 1e9, 0.25e9, 0.2e9, 1e9
+    margin = 0.05 * cache
+    record = _measuring_save(4e9, fast=fast, post=post, drain=drain, cache=cache,
+                             margin=margin, look=0.01)
+    assert [c.during for c in record.cliffs][:2] == [BURST, "refill"]
+    assert record.cliffs[0].seconds == pytest.approx(cache / (fast - drain), abs=0.03)
+    assert record.fast_rate == pytest.approx(fast, rel=0.02)
+    assert record.post_cache_rate == pytest.approx(post, rel=0.1)
+    assert record.drain == pytest.approx(drain, rel=0.05) and record.drain_how == "measured"
+    assert record.exit_s >= margin / drain
+    assert [m for _, m in record.modes][:4] == [BURST, PAUSE, "refill", "recover"]
 
 
 def test_a_refill_that_meets_its_cliff_within_its_probe_reads_the_drain():

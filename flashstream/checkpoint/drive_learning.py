@@ -124,7 +124,7 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     # high); else the one held, which a measuring save met from the emptiest start (a cliff
     # placed less closely, from a fill the drain only estimates, would size the cache
     # small, and a bound off it would overstate the drain).
-    measuring = first.during == BURST and bool(record.modes) and record.modes[0][1] == BURST
+    measuring = bool(record.modes) and record.modes[0][1] == BURST  # its first cliff ended it
     if model.cliff is None or measuring or \
             seen.latest(model.fast_rate or 0.0, spread_of(seen)).cache(drain) < \
             model.cliff.cache(drain):
