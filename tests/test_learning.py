@@ -328,6 +328,31 @@ def test_a_wrong_model_measured_minutes_ago_is_corrected_by_the_first_save(facto
         assert model.cache_size == pytest.approx(settings.cache_size, rel=0.1), seed
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_a_save_recovers_once_the_reads_its_cliff_held_back_are_quick_again(held):
+    """A save that met its cliff stops writing until the drive has freed the margin it needs
+    to leave it. Never seen to leave it, the drive is assumed to need the family's widest
+    margin (a quarter of its cache) at its slowest drain: about a second here, where this
+    drive frees its twentieth in a tenth. Where it held the reads beside it back in its cliff,
+    their turning quick again shows it out: the save plans the rest then, and keeps how long
+    the drive took to leave, which bounds its margin."""
+    settings = DriveSettings(cache_size=1e9, post_cache_rate=0.5e9, drain_rate=0.6e9,
+                             fast_rate=1.8e9, hysteresis_share=0.05,
+                             fold_read_rate=10e6 if held else 0)
+    drive = SimDrive(settings, disk_rate=WRITE_RATE, seed=1, reads_per_s=250)
+    # With a deadline the save does not refill (no time to spare): it recovers at once.
+    save = run_save(drive, DriveModel("sim"), 1.75e9, measure=True, deadline=30.0,
+                    quiet_read_s=0.0005)
+    modes = dict((mode, t) for t, mode in save.record.modes)
+    stopped = modes["plan"] - modes["recover"]
+    if held:
+        assert stopped < 0.3, save.record.modes
+        assert save.record.exit_s is not None and save.record.exit_s < 0.4
+    else:
+        assert stopped > 0.6, save.record.modes
+        assert save.record.exit_s is None
+
+
 def test_a_throttle_that_credits_a_pause_is_not_a_drive_out_of_its_cliff():
     """cgroup v1's throttle gives a writer that resumes after a pause the limit's worth of the
     pause at once, besides its slice (20 MB at a 76 MB/s limit after a 0.18 s pause on the

@@ -361,10 +361,18 @@ class SaveController(SaveReadings):
         cache = self._cache()
         margin = self._margin(cache)
         # The cache was full at the anchor and only drains since: out of the cliff once it
-        # has freed the margin the drive was seen to need.
+        # has freed the margin the drive was seen to need, or once the reads it held back
+        # are quick again (it left its cliff then, whatever the margin and the drain).
         anchor = self._anchors[-1]
         freed = (self.drain or 0.0) * (seconds - anchor[0]) - (self.looks[-1][2] - anchor[2])
-        if freed >= margin or self._out_of_time(seconds) or seconds - self._since > MAX_STOP_S:
+        self._reads_held = self._reads_held or self.reads.slowed()
+        out = self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick()
+        if out and self._exit_s is None:
+            first = self._anchors[0]
+            self._exit_s = self.record.exit_s = seconds - first[0]
+            self._exit_bytes = self.record.exit_bytes = self.looks[-1][DRIVE] - first[DRIVE]
+        if out or freed >= margin or self._out_of_time(seconds) or \
+                seconds - self._since > MAX_STOP_S:
             self._plan(seconds, cache - max(0.0, freed), cache)
 
     def _plan(self, seconds: float, fill: float, cache: Optional[float],
