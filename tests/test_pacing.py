@@ -288,6 +288,37 @@ def test_the_post_cache_rate_is_read_over_a_whole_slice_of_a_stepped_cliff():
     assert record.post_cache_rate == pytest.approx(0.25e9, rel=0.1)
 
 
+# A burst into its cliff on the emulator (seed 14 of the learning benchmark's family, a 1 GiB
+# cache, 240 MB/s in the cliff, reads beside): (ms, 100 kB the write completed, 100 kB other
+# writers gave the drive), one look every 20 ms. The throttle passes its bytes in lumps, with
+# gaps of 60-80 ms between them, and the cliff came at about 1.05 s.
+_EMULATED_BURST = [
+    (21, 264, 0), (42, 481, 0), (62, 725, 0), (83, 1029, 0), (103, 1339, 0), (124, 1642, 0),
+    (144, 1939, 0), (165, 2222, 0), (185, 2506, 0), (206, 2776, 0), (226, 3040, 0),
+    (247, 3343, 0), (267, 3620, 7), (288, 3917, 0), (309, 4122, 0), (329, 4399, 0),
+    (350, 4709, 0), (371, 5018, 0), (391, 5276, 0), (411, 5493, 0), (432, 5882, 0),
+    (452, 6298, 0), (473, 6595, 0), (493, 6595, 0), (514, 6865, 0), (534, 7201, 0),
+    (555, 7538, 0), (575, 7913, 0), (596, 7913, 0), (617, 8243, 7), (637, 8580, 0),
+    (658, 8949, 0), (678, 9232, 0), (699, 9232, 0), (719, 9569, 0), (740, 9892, 0),
+    (761, 10241, 0), (781, 10558, 0), (802, 10564, 46), (823, 10987, 0), (843, 11329, 0),
+    (864, 11672, 0), (884, 11877, 0), (905, 11982, 0), (925, 12332, 0), (946, 12668, 0),
+    (967, 13057, 0), (988, 13196, 0), (1008, 13301, 0), (1028, 13644, 0), (1049, 13882, 0),
+    (1070, 13882, 0), (1090, 13882, 0), (1110, 13882, 0), (1131, 13882, 0), (1152, 13937, 0)]
+
+
+def test_the_post_cache_rate_is_not_read_off_full_rate_bytes_before_a_cliff_placed_early():
+    """The emulator's burst above: its cliff is placed about a slice early, among the lumps.
+    The mean over all of the cliff seen then holds full-rate bytes and reads twice the rate;
+    the slice-long window reads it within its lumps' spread."""
+    ctl = SaveController(DriveModel("t"), total=1.75 * 2**30, start_fill=lambda d: 0.0,
+                         measure=True)
+    for ms, done, others in _EMULATED_BURST:
+        ctl.look(ms / 1e3, done * 1e5, (done + others) * 1e5)
+    assert ctl.mode == PAUSE and ctl.record.cliffs
+    assert ctl.record.cliffs[0].seconds < 1.0  # placed early
+    assert 0.6 * 240e6 <= ctl.record.post_cache_rate <= 1.3 * 240e6
+
+
 def test_a_planned_save_that_meets_the_cliff_reads_the_drain_against_the_models():
     """The model holds a cliff met from an empty cache at 1.25 s after 1.25 GB (a 1 GB cache
     folding 200 MB/s). Planned as if the drive drained 400 MB/s, the save meets the cliff later

@@ -412,14 +412,16 @@ class SaveController(SaveReadings):
             # Past the first of the throttle's (or the drive's) slices in the cliff, which
             # still brings a slice's worth at once. That window spans one slice, counted to
             # its edges (the looks inside it span less, and a step's bytes over that read
-            # high), and holds anything from none of a slice's bytes to two slices' worth:
-            # under half the mean over all the cliff seen (which holds every slice since it
-            # began) it caught too little of one, and the longer window reads the rate closer.
+            # high), and holds from a fraction of a slice's bytes to two slices' worth. Under
+            # a quarter of the mean over all the cliff seen it caught next to none (a gap
+            # between slices), and the longer window reads closer. Not under half: that mean
+            # also holds the full-rate bytes of a cliff placed early (among a throttle's
+            # lumps, by most of a slice), which read it up to twice the rate.
             whole = rate_between(self.looks, cliff.seconds, seconds)
             start = min(cliff.seconds + SLICE_S, seconds - SLICE_S)
             post = (bytes_at(self.looks, seconds) - bytes_at(self.looks, start)) / (
                 seconds - start)
-            if post < 0.5 * whole:
+            if post < 0.25 * whole:
                 post = whole
             post = post or rate_between(self.looks, seconds - HOLD_S, seconds)
             if post > 0:
