@@ -242,13 +242,13 @@ def trial_pace(model: DriveModel) -> float:
 
 def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float,
                      settings: PlanSettings = DEFAULT_SETTINGS) -> float:
-    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was (its pace at the
-    sustained share, as save_control repeats it)."""
+    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was, at the pace a
+    repeat takes (PlanSettings.repeat_pace, as save_control writes it)."""
     fast = model.fast_rate or math.inf
     if not clear.pace:
         return capacity / fast
     burst = min(clear.burst, capacity)
-    return burst / fast + (capacity - burst) / (settings.sustain * clear.pace)
+    return burst / fast + (capacity - burst) / settings.repeat_pace(clear.pace)
 
 
 def planned_seconds(model: DriveModel, drain: float, capacity: float,

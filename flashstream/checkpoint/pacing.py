@@ -68,6 +68,12 @@ class PlanSettings:
             raise ValueError(f"deadline_policy must be one of {', '.join(DEADLINE_POLICIES)}; "
                              f"got {self.deadline_policy!r}")
 
+    def repeat_pace(self, pace: float) -> float:
+        """The pace a schedule the drive took clear at ``pace`` is written again at: its
+        sustained share, the margin plans leave for a drain read high (a cliff in the last
+        slice of the save that took it clear would have passed unseen, at the edge)."""
+        return self.sustain * pace
+
 
 DEFAULT_SETTINGS = PlanSettings()
 

@@ -160,10 +160,9 @@ class SaveController(SaveReadings):
             self._test_pace = self.record.test_pace = test
             self._enter(TEST, 0.0)
         elif clear is not None and clear.covers(total, fill):
-            # Taken clear from an empty cache before: written the same way again, its pace
-            # with the margin the plans leave for a drain read high (a cliff in the last
-            # slice of the save that took it clear would have passed unseen, at the edge).
-            self._test_until, self._test_pace = clear.burst, self.settings.sustain * clear.pace
+            # Taken clear from an empty cache before: written the same way again.
+            self._test_until = clear.burst
+            self._test_pace = self.settings.repeat_pace(clear.pace)
             self._enter(REPEAT, 0.0)
         else:
             self._plan(0.0, fill, model.cliff.cache(self.drain or 0.0) if model.has_cliff
