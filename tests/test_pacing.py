@@ -289,9 +289,9 @@ def test_the_post_cache_rate_is_read_over_a_whole_slice_of_a_stepped_cliff():
 
 
 # A burst into its cliff on the emulator (seed 14 of the learning benchmark's family, a 1 GiB
-# cache, 240 MB/s in the cliff, reads beside): (ms, 100 kB the write completed, 100 kB other
-# writers gave the drive), one look every 20 ms. The throttle passes its bytes in lumps, with
-# gaps of 60-80 ms between them, and the cliff came at about 1.05 s.
+# cache, 240 MB/s in the cliff, readers beside it taking about 300 MB/s): (ms, 100 kB the
+# write completed, 100 kB other writers gave the drive), one look every 20 ms. The throttle
+# passes its bytes in lumps, with gaps of 60-80 ms between them; the cliff came at 1.05 s.
 _EMULATED_BURST = [
     (21, 264, 0), (42, 481, 0), (62, 725, 0), (83, 1029, 0), (103, 1339, 0), (124, 1642, 0),
     (144, 1939, 0), (165, 2222, 0), (185, 2506, 0), (206, 2776, 0), (226, 3040, 0),
