@@ -180,6 +180,22 @@ def test_a_test_that_meets_the_cliff_bounds_its_pace_and_keeps_the_drain_known(t
     assert trial_pace(model) == pytest.approx(0.5 * (0.3e9 + 1.25e9))
 
 
+def test_a_save_tests_where_its_plan_would_crawl_from_the_fill_it_starts_at():
+    """Seed 11 of the learning benchmark from a model 4 x too slow, on the emulator: a cliff
+    in a save's last requests left the drain at the slow end of drives (a fiftieth of this
+    drive's, from a post-cache rate read off the write's last 2 MB), which sizes the cache
+    2.6 x the drive's and carries the fill across the gap at that crawl. From an empty cache
+    that plan looked as fast as a test's, so the next save planned from a cache 96% full by
+    that count, and took 8 x the shortest; from the fill it starts at, it tests."""
+    model = DriveModel("x", fast_rate=1.757e9, post_cache_rate=34e6)
+    model.cliff = ReferenceCliff(1.083, 1.877e9, fill=1.07e9, before=5.0)
+    cache = model.cache_size
+    assert save_kind(model, 1.879e9, 0.0, deadline=None, measured=True, crossings=0) == (
+        False, None)
+    assert save_kind(model, 1.879e9, 0.96 * cache, deadline=None, measured=True,
+                     crossings=0) == (False, pytest.approx(trial_pace(model)))
+
+
 def test_which_saves_measure_test_repeat_or_plan():
     model = DriveModel("x", fast_rate=2e9, post_cache_rate=0.5e9, drain_rate=0.3e9)
     assert save_kind(model, 3e9, 0.0, deadline=None, measured=False, crossings=0) == (

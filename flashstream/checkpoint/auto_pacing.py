@@ -192,8 +192,9 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
       may be wrong either way however recent, and only a cliff tells).
     - While the drain is not measured (or was read below the slow end of drives): test a
       faster pace (``trial_pace``), where the save goes past the model's cliff, knowing the
-      pace could shorten it by more than ``TEST_GAIN`` against the plan (or a schedule the
-      drive took clear before), the drive leaves its cliff soon enough (``TEST_EXIT_S``),
+      pace could shorten it by more than ``TEST_GAIN`` against the plan from the fill it
+      starts at (or a schedule the drive took clear before; the test from an empty cache, its
+      best case), the drive leaves its cliff soon enough (``TEST_EXIT_S``),
       and fewer than ``TEST_CROSSINGS`` tests of this writer met the cliff. A test that
       meets the cliff recovers at once: its pace bounds the drain from above (the next test
       halves the distance), and the drain known stays."""
@@ -211,7 +212,7 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     pace = trial_pace(model)
     if model.crossed is not None and pace >= model.crossed:
         return False, None  # the cliff met there is all a test can show
-    now = planned_seconds(model, model.drain, capacity, settings)
+    now = planned_seconds(model, model.drain, capacity, settings, fill)
     if model.clear is not None and model.clear.covers(capacity, fill):  # or written as before
         now = min(now, repeated_seconds(model, model.clear, capacity, settings))
     best = planned_seconds(model, pace, capacity, settings)
@@ -252,12 +253,13 @@ def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float,
 
 
 def planned_seconds(model: DriveModel, drain: float, capacity: float,
-                    settings: PlanSettings = DEFAULT_SETTINGS) -> float:
-    """Seconds a save of ``capacity`` bytes from an empty cache takes when planned by the
-    model with ``drain`` (the cache sized by it): unpaced to the headroom, then at the
+                    settings: PlanSettings = DEFAULT_SETTINGS, fill: float = 0.0) -> float:
+    """Seconds a save of ``capacity`` bytes from ``fill`` bytes in the cache takes when planned
+    by the model with ``drain`` (the cache sized by it): unpaced to the headroom, then at the
     sustained share of the drain."""
     fast, cache = model.fast_rate or math.inf, model.cliff.cache(drain)
-    burst = settings.headroom * cache * (fast / (fast - drain) if fast > drain else math.inf)
+    room = max(0.0, settings.headroom * cache - fill)
+    burst = room * (fast / (fast - drain) if fast > drain else math.inf)
     if capacity <= burst:
         return capacity / fast
     return burst / fast + (capacity - burst) / (settings.sustain * drain)
