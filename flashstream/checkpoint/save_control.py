@@ -100,6 +100,12 @@ MAX_STOP_S = 15.0
 #: and a slice's burst more where the probe catches part of one (0.6); out of it, at the rate
 #: less its noise.
 OUT_SHARE = 0.75
+#: A post-cache window (a slice past the cliff's first) that caught under this share of the
+#: mean over all the cliff seen caught next to none of a slice's bytes (a gap between a
+#: throttle's, or a drive's, slices): that mean reads closer then. Not a larger share: the
+#: mean also holds the full-rate bytes of a cliff placed early (by most of a slice among the
+#: lumps), which read it up to twice the rate.
+EMPTY_WINDOW_SHARE = 0.25
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
 #: The fastest drain to expect, as a share of the post-cache rate: the fast end of
@@ -320,11 +326,21 @@ class SaveController(SaveReadings):
             self._enter(PAUSE, seconds)
             return False
         self._probed = True
-        first = self._anchors[0]
-        self._exit_s = self._since - first[0]
-        self._exit_bytes = bytes_at(self.looks, self._since, DRIVE) - first[DRIVE]
-        self.record.exit_s, self.record.exit_bytes = self._exit_s, self._exit_bytes
+        self._note_exit(self._since)
         return True
+
+    def _note_exit(self, at: float) -> None:
+        """The drive was out of its cliff at ``at`` seconds: how long after the first anchor,
+        and the bytes it took meanwhile (the margin it needed is at most what it freed)."""
+        first = self._anchors[0]
+        self._exit_s = self.record.exit_s = at - first[0]
+        self._exit_bytes = self.record.exit_bytes = bytes_at(self.looks, at, DRIVE) - first[DRIVE]
+
+    def _reads_show_out(self, seconds: float) -> bool:
+        """Whether reads the drive held back while it folded (since the last cliff) are quick
+        again, once the stop has lasted ``MIN_PAUSE_S``: the drive has left its cliff, now."""
+        self._reads_held = self._reads_held or self.reads.slowed()
+        return self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick()
 
     def _ran_out_first(self) -> bool:
         """Whether the refill ran out of the cliff and met it again within its probe: from
@@ -345,10 +361,8 @@ class SaveController(SaveReadings):
 
     def _pause(self, seconds: float, done: float) -> None:
         self._hold_anchor(done)
-        self._reads_held = self._reads_held or self.reads.slowed()
-        if self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick():
-            # The reads the drive held back while it folded are quick again: it has left its
-            # cliff, now, and the refill starts out of it (no probe into the cliff).
+        if self._reads_show_out(seconds):
+            # The refill starts out of the cliff (no probe into it).
             self._enter(REFILL, seconds)
             self._judge_probe(seconds, out=True)
         elif (seconds - self._anchors[-1][0] >= min(self._pause_s, MAX_STOP_S) and
@@ -364,12 +378,9 @@ class SaveController(SaveReadings):
         # are quick again (it left its cliff then, whatever the margin and the drain).
         anchor = self._anchors[-1]
         freed = (self.drain or 0.0) * (seconds - anchor[0]) - (self.looks[-1][2] - anchor[2])
-        self._reads_held = self._reads_held or self.reads.slowed()
-        out = self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick()
+        out = self._reads_show_out(seconds)
         if out and self._exit_s is None:
-            first = self._anchors[0]
-            self._exit_s = self.record.exit_s = seconds - first[0]
-            self._exit_bytes = self.record.exit_bytes = self.looks[-1][DRIVE] - first[DRIVE]
+            self._note_exit(seconds)
         if out or freed >= margin or self._out_of_time(seconds) or \
                 seconds - self._since > MAX_STOP_S:
             self._plan(seconds, cache - max(0.0, freed), cache)
@@ -411,16 +422,13 @@ class SaveController(SaveReadings):
             # Past the first of the throttle's (or the drive's) slices in the cliff, which
             # still brings a slice's worth at once. That window spans one slice, counted to
             # its edges (the looks inside it span less, and a step's bytes over that read
-            # high), and holds from a fraction of a slice's bytes to two slices' worth. Under
-            # a quarter of the mean over all the cliff seen it caught next to none (a gap
-            # between slices), and the longer window reads closer. Not under half: that mean
-            # also holds the full-rate bytes of a cliff placed early (among a throttle's
-            # lumps, by most of a slice), which read it up to twice the rate.
+            # high), and holds from a fraction of a slice's bytes to two slices' worth
+            # (EMPTY_WINDOW_SHARE: where it caught next to none).
             whole = rate_between(self.looks, cliff.seconds, seconds)
             start = min(cliff.seconds + SLICE_S, seconds - SLICE_S)
             post = (bytes_at(self.looks, seconds) - bytes_at(self.looks, start)) / (
                 seconds - start)
-            if post < 0.25 * whole:
+            if post < EMPTY_WINDOW_SHARE * whole:
                 post = whole
             post = post or rate_between(self.looks, seconds - HOLD_S, seconds)
             if post > 0:
