@@ -389,6 +389,21 @@ def test_a_throttle_that_credits_a_pause_is_not_a_drive_out_of_its_cliff():
     assert read >= 10  # the drives whose saves have the bytes to refill
 
 
+def test_a_refill_that_ends_within_its_probe_is_not_judged_by_a_credited_burst():
+    """A drive still in its cliff when a refill began 0.2 s after a pause: the throttle
+    credits the pause at once, at the disk's speed, and the save's bytes ran out within the
+    refill's probe. Judged by its rate from its start, that refill ran out of the cliff, and
+    the drive's bytes since the anchor bounded the drain from below at 1.8 x the drive's."""
+    settings = DriveSettings(cache_size=147 * MiB, post_cache_rate=95.5e6, drain_rate=58.8e6,
+                             fast_rate=200e6)
+    drive = SimDrive(settings, disk_rate=1e9, noise=0.1, seed=46, reads_per_s=100,
+                     idle_credit=True)
+    save = run_save(drive, DriveModel("sim"), 2 * settings.cache_size, measure=True,
+                    quiet_read_s=0.0005)
+    assert [m for _, m in save.record.modes].count("refill") >= 2
+    assert save.record.drain is None or save.record.drain <= settings.drain_rate
+
+
 # -- the bytes a save writes ---------------------------------------------------------------------
 def _process_written() -> int:
     for line in Path("/proc/self/io").read_text().splitlines():

@@ -279,6 +279,19 @@ def test_a_refill_that_meets_its_cliff_within_its_probe_reads_the_drain():
     assert record.drain == pytest.approx(0.15e9, rel=0.1)
 
 
+def test_a_refill_after_a_long_pause_is_judged_out_by_more_than_two_slices():
+    """A pause of 0.4 s: a block-I/O throttle credits none of an idle that long (a fresh
+    slice), so a refill that ran at the new-file rate for more than two slices of the cliff's
+    bytes ran out of the cliff, though not for the 0.35 s of them a credited idle could add.
+    Judged still in the cliff, it paused again and ran out of bytes before any reading."""
+    record = _measuring_save(1.36e9, fast=1e9, post=0.2e9, drain=0.15e9, cache=1e9,
+                             margin=0.02e9)
+    modes = [m for _, m in record.modes]
+    assert modes[:3] == [BURST, PAUSE, "refill"] and PAUSE not in modes[2:]
+    assert record.drain_how == "measured"
+    assert record.drain == pytest.approx(0.15e9, rel=0.15)
+
+
 def test_the_post_cache_rate_is_read_over_a_whole_slice_of_a_stepped_cliff():
     """In its cliff the throttle passes a slice's worth at the start of each 0.1 s slice. The
     looks inside a slice-long window span less than it; read over them, one step came out a

@@ -82,11 +82,11 @@ FINE_TICK_S, TICK_S = 0.02, 0.05
 #: throttle's slice, with the pause it credits the writer: docs/emulation.md; on a drive, what
 #: the pause folded), and the probe spans more than a slice beyond.
 PROBE_S = 0.15
-#: The longest pause a block-I/O throttle credits a writer (seconds): one idle that long or less
-#: gets its limit's worth of the pause at once when it resumes, besides its slice (cgroup v1
-#: on kernel 6.18: idle 0.1-0.15 s, a limit x 0.2-0.25 s at once); one idle longer starts a
-#: fresh slice (idle 0.18-1.2 s: a slice's worth).
-CREDITED_IDLE_S = 0.15
+#: The longest pause a block-I/O throttle may credit a writer (seconds): one idle that long or
+#: less may get its limit's worth of the pause at once when it resumes, besides its slice
+#: (cgroup v1 on kernel 6.18: idle 0.1-0.15 s, a limit x 0.2-0.25 s at once, and 0.18 s once);
+#: one idle longer starts a fresh slice (idle 0.18-1.2 s: a slice's worth).
+CREDITED_IDLE_S = 0.2
 #: The least pause before a refill (seconds): shorter, the drive has not folded a margin.
 MIN_PAUSE_S = 0.1
 #: A measuring write runs at this many times the drive's new-file rate, once known.
@@ -106,6 +106,10 @@ OUT_SHARE = 0.75
 #: mean also holds the full-rate bytes of a cliff placed early (by most of a slice among the
 #: lumps), which read it up to twice the rate.
 EMPTY_WINDOW_SHARE = 0.25
+#: How far under the rate a drive (or a throttle's limit) takes in its cliff a post-cache
+#: reading off one slice may fall: a tenth, the noise of a rate over a hold (save_readings.
+#: POSSIBLE_DRAIN_SHARE allows the new-file rate as much).
+POST_NOISE = 0.1
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
 #: The fastest drain to expect, as a share of the post-cache rate: the fast end of
@@ -314,11 +318,11 @@ class SaveController(SaveReadings):
     def _judge_probe(self, seconds: float, out: bool = False) -> bool:
         """Whether the refill's first bytes ran out of the cliff (at ``OUT_SHARE`` of the
         new-file rate or faster; ``out``: known from the reads); if not, back to pausing."""
-        # Past the first slice's burst, where the refill ran that long (else it ended first).
-        start = self._since + SLICE_S if seconds - self._since >= SLICE_S + PROBE_S \
-            else self._since
-        rate = rate_between(self.looks, start, seconds)
-        if not out and rate < OUT_SHARE * (self.fast or rate) and not self._ran_out_first():
+        # Past the first slice's burst, where the refill ran that long; a refill that ended
+        # first is judged by its bytes alone (its rate holds the burst).
+        quick = seconds - self._since >= SLICE_S + PROBE_S and rate_between(
+            self.looks, self._since + SLICE_S, seconds) >= OUT_SHARE * (self.fast or 0.0)
+        if not out and not quick and not self._ran_out_first():
             # Still in the cliff: fold some more. The probe may have filled the cache again:
             # its end is another moment the cache may have been full.
             self._pause_s *= PAUSE_GROWTH
@@ -343,21 +347,24 @@ class SaveController(SaveReadings):
         return self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick()
 
     def _ran_out_first(self) -> bool:
-        """Whether the refill ran out of the cliff and met it again within its probe: from
+        """Whether the refill ran out of the cliff (and met it again within its probe): from
         its start it ran at ``OUT_SHARE`` of the new-file rate or faster for more bytes than
         the drive takes in its cliff over two slices (the slice in progress and the next,
-        which a throttle or a drive may bring at once) and the pause before it, as far as a
-        throttle credits it (``CREDITED_IDLE_S``)."""
+        which a throttle or a drive may bring at once) and the pause before it, where a
+        throttle may credit it (one of ``CREDITED_IDLE_S`` or less; a longer one starts a
+        fresh slice, which the two count), by a post-cache rate read up to ``POST_NOISE``
+        low."""
         if not (self.fast and self.post and self._anchors):
             return False
         idle = max(0.0, self._since - self._anchors[-1][0])
+        credited = idle if idle <= CREDITED_IDLE_S else 0.0
         refill = [lk for lk in self.looks if lk[0] >= self._since - 1e-9]
         fast = 0.0
         for a, b in zip(refill, refill[1:]):
             if b[0] <= a[0] or (b[WRITE] - a[WRITE]) / (b[0] - a[0]) < OUT_SHARE * self.fast:
                 break
             fast = b[WRITE] - refill[0][WRITE]
-        return fast > (min(idle, CREDITED_IDLE_S) + 2 * SLICE_S) * self.post
+        return fast > (1.0 + POST_NOISE) * (credited + 2 * SLICE_S) * self.post
 
     def _pause(self, seconds: float, done: float) -> None:
         self._hold_anchor(done)
