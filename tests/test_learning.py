@@ -19,7 +19,12 @@ import torch
 from drive_sim import SimDrive, run_save, shortest
 
 from flashstream import CheckpointWriter, load_checkpoint
-from flashstream.checkpoint.auto_pacing import RATE_NOISE, save_kind, trial_pace
+from flashstream.checkpoint.auto_pacing import (
+    RATE_NOISE,
+    planned_seconds,
+    save_kind,
+    trial_pace,
+)
 from flashstream.checkpoint.cliff_watch import SHORTFALL
 from flashstream.checkpoint.drive_learning import learn
 from flashstream.checkpoint.save_control import SaveController, SaveRecord, SeenCliff
@@ -194,6 +199,30 @@ def test_a_save_tests_where_its_plan_would_crawl_from_the_fill_it_starts_at():
         False, None)
     assert save_kind(model, 1.879e9, 0.96 * cache, deadline=None, measured=True,
                      crossings=0) == (False, pytest.approx(trial_pace(model)))
+
+
+def test_a_drive_slow_to_leave_its_cliff_is_tested_where_the_plan_loses_more_than_that():
+    """A drive seen to free a wide margin before it leaves its cliff (1.4 s of its drain as
+    the model holds it, a lower bound): a test that meets the cliff holds the reads beside it
+    that long. Seed 14 of the learning benchmark on the emulator, its post-cache rate read
+    0.65 x and its drain bounded at 0.47 x, never tested, and each plan, counting the cache
+    fuller after a gap the bound could not drain, took longer than the last (2.3 x, 3.3 x,
+    4.4 x the shortest). Where the plan would take longer than a test by more than that
+    margin's seconds, the save tests; where by less, it plans."""
+    model = DriveModel("x", fast_rate=1.8e9, post_cache_rate=0.23e9, drain_rate=0.18e9)
+    model.note("drain_rate", LOWER_BOUND, "save")
+    model.cliff, model.cliff_margin = ReferenceCliff(0.75, 1.35e9), 0.25e9
+    exit_s = model.cliff_margin / model.drain
+
+    def loses(capacity: float) -> float:
+        return (planned_seconds(model, model.drain, capacity)
+                - planned_seconds(model, trial_pace(model), capacity))
+
+    assert loses(1.4e9) < exit_s < loses(1.8e9)
+    assert save_kind(model, 1.4e9, 0.0, deadline=None, measured=True, crossings=0) == (
+        False, None)
+    assert save_kind(model, 1.8e9, 0.0, deadline=None, measured=True, crossings=0) == (
+        False, pytest.approx(trial_pace(model)))
 
 
 def test_which_saves_measure_test_repeat_or_plan():

@@ -51,8 +51,10 @@ FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
 QUIET_READS = 20
 #: Seconds a drive seen to need that long to leave its cliff (its margin over its drain)
 #: would hold reads if a test met its cliff: beyond, no test (the cliff costs the reads beside
-#: it more than a faster plan gains). The bound on the seconds in the cliff after a fresh
-#: start's first save (docs/checkpoint.md, "Limits"), which a test may spend once.
+#: it more than a faster plan gains), unless the plan would take longer than the test by more
+#: seconds than the cliff would last (a plan on a drain read low loses more with each save,
+#: as it counts the cache fuller after each gap). The bound on the seconds in the cliff after
+#: a fresh start's first save (docs/checkpoint.md, "Limits"), which a test may spend once.
 TEST_EXIT_S = 0.5
 #: The spread of the rate a drive completes over a hold about its mean, as a share: a tenth,
 #: the noise save_readings.POSSIBLE_DRAIN_SHARE allows the new-file rate. A test's pace stands
@@ -194,8 +196,9 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
       faster pace (``trial_pace``), where the save goes past the model's cliff, knowing the
       pace could shorten it by more than ``TEST_GAIN`` against the plan from the fill it
       starts at (or a schedule the drive took clear before; the test from an empty cache, its
-      best case), the drive leaves its cliff soon enough (``TEST_EXIT_S``),
-      and fewer than ``TEST_CROSSINGS`` tests of this writer met the cliff. A test that
+      best case), the drive leaves its cliff soon enough (``TEST_EXIT_S``, or sooner than
+      the plan would lose against the test), and fewer than ``TEST_CROSSINGS`` tests of this
+      writer met the cliff. A test that
       meets the cliff recovers at once: its pace bounds the drain from above (the next test
       halves the distance), and the drain known stays."""
     if model.cliff is None:
@@ -207,8 +210,6 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     if crossings >= TEST_CROSSINGS or not (model.post_cache_rate and model.fast_rate) or \
             capacity <= model.cliff.bytes or _read_within_family(model):
         return False, None
-    if model.cliff_margin is not None and model.cliff_margin > TEST_EXIT_S * model.drain:
-        return False, None  # a cliff the test meets would hold the reads too long
     pace = trial_pace(model)
     if model.crossed is not None and pace >= model.crossed:
         return False, None  # the cliff met there is all a test can show
@@ -216,6 +217,9 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     if model.clear is not None and model.clear.covers(capacity, fill):  # or written as before
         now = min(now, repeated_seconds(model, model.clear, capacity, settings))
     best = planned_seconds(model, pace, capacity, settings)
+    if model.cliff_margin is not None and \
+            model.cliff_margin > max(TEST_EXIT_S, now - best) * model.drain:
+        return False, None  # a cliff the test meets would hold the reads too long
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 
 
