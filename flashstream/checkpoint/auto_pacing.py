@@ -28,7 +28,7 @@ from ..telemetry.drive_model import (
     assumed_drain,
     load_model,
 )
-from .cliff_watch import SHORTFALL
+from .cliff_watch import RATE_NOISE, SHORTFALL
 from .config import WriterConfig
 from .drive_learning import learn
 from .pacing import DEFAULT_SETTINGS, PlanSettings
@@ -56,11 +56,6 @@ QUIET_READS = 20
 #: as it counts the cache fuller after each gap). The bound on the seconds in the cliff after
 #: a fresh start's first save (docs/checkpoint.md, "Limits"), which a test may spend once.
 TEST_EXIT_S = 0.5
-#: The spread of the rate a drive completes over a hold about its mean, as a share: a tenth,
-#: the noise save_readings.POSSIBLE_DRAIN_SHARE allows the new-file rate. A test's pace stands
-#: that far beyond the one whose cliff would just show as a shortfall, or the cliff hides in
-#: the noise and is seen late, if at all.
-RATE_NOISE = 0.1
 #: Tests of one writer that may meet the cliff before it plans with what it knows.
 TEST_CROSSINGS = 2
 #: A save tests a faster drain only where the drain it plans with could make it take this
@@ -198,9 +193,8 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
       starts at (or a schedule the drive took clear before; the test from an empty cache, its
       best case), the drive leaves its cliff soon enough (``TEST_EXIT_S``, or sooner than
       the plan would lose against the test), and fewer than ``TEST_CROSSINGS`` tests of this
-      writer met the cliff. A test that
-      meets the cliff recovers at once: its pace bounds the drain from above (the next test
-      halves the distance), and the drain known stays."""
+      writer met the cliff. A test that meets the cliff recovers at once: its pace bounds the
+      drain from above (the next test halves the distance), and the drain known stays."""
     if model.cliff is None:
         return model.clear is None or model.clear.total < capacity, None
     if deadline is not None or fill + capacity <= settings.headroom * model.cache_size:
@@ -236,7 +230,7 @@ def trial_pace(model: DriveModel) -> float:
     in its cliff, or, once a test met the cliff at some pace, midway between that and the
     drain known (a bisection); never so slow that the cliff would not show: in its cliff the
     drive still takes its post-cache rate, which must fall short of the pace
-    (cliff_watch.SHORTFALL) by more than its noise (``RATE_NOISE``), or a cliff the test
+    (cliff_watch.SHORTFALL) by more than its noise (cliff_watch.RATE_NOISE), or a cliff the test
     meets passes unseen, or late, for a clear write."""
     high = 0.5 * (model.fast_rate + model.post_cache_rate)
     if model.crossed is not None:

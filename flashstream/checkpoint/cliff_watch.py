@@ -27,8 +27,8 @@ import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["CLIFF_SHARE", "DRIVE", "HOLD_S", "READ_SLOWDOWN", "SHORTFALL", "SLICE_S", "STALL_S",
-           "WRITE",
+__all__ = ["CLIFF_SHARE", "DRIVE", "HOLD_S", "RATE_NOISE", "READ_SLOWDOWN", "SHORTFALL", "SLICE_S",
+           "STALL_S", "WRITE",
            "Look", "ReadWatch", "bytes_at", "dropped", "onset", "placed", "rate_between",
            "spread_of", "stalled"]
 
@@ -49,6 +49,10 @@ STALL_S = 0.15
 SLICE_S = 0.1
 #: A paced write that completes less than this share of its pace is held back by the drive.
 SHORTFALL = 0.8
+#: The spread of the rate a drive completes over a hold about its mean, as a share: a tenth
+#: (save_readings.POSSIBLE_DRAIN_SHARE allows the new-file rate as much). A rate read off one
+#: hold, or one slice, may be that far off the drive's.
+RATE_NOISE = 0.1
 #: Reads this many times slower than when the drive was quiet are held back by its folding:
 #: a folding drive holds a read for the time it takes to fold a slice (tens to hundreds of ms
 #: against a quiet fraction of one), where a paced writer's queue adds a few tenths.

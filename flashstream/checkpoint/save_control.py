@@ -45,6 +45,7 @@ from .cliff_watch import (
     CLIFF_SHARE,
     DRIVE,
     HOLD_S,
+    RATE_NOISE,
     SLICE_S,
     WRITE,
     Look,
@@ -106,10 +107,6 @@ OUT_SHARE = 0.75
 #: mean also holds the full-rate bytes of a cliff placed early (by most of a slice among the
 #: lumps), which read it up to twice the rate.
 EMPTY_WINDOW_SHARE = 0.25
-#: How far under the rate a drive (or a throttle's limit) takes in its cliff a post-cache
-#: reading off one slice may fall: a tenth, the noise of a rate over a hold (save_readings.
-#: POSSIBLE_DRAIN_SHARE allows the new-file rate as much).
-POST_NOISE = 0.1
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
 #: The fastest drain to expect, as a share of the post-cache rate: the fast end of
@@ -352,8 +349,8 @@ class SaveController(SaveReadings):
         the drive takes in its cliff over two slices (the slice in progress and the next,
         which a throttle or a drive may bring at once) and the pause before it, where a
         throttle may credit it (one of ``CREDITED_IDLE_S`` or less; a longer one starts a
-        fresh slice, which the two count), by a post-cache rate read up to ``POST_NOISE``
-        low."""
+        fresh slice, which the two count), by a post-cache rate read up to its noise
+        (``RATE_NOISE``) low."""
         if not (self.fast and self.post and self._anchors):
             return False
         idle = max(0.0, self._since - self._anchors[-1][0])
@@ -364,7 +361,7 @@ class SaveController(SaveReadings):
             if b[0] <= a[0] or (b[WRITE] - a[WRITE]) / (b[0] - a[0]) < OUT_SHARE * self.fast:
                 break
             fast = b[WRITE] - refill[0][WRITE]
-        return fast > (1.0 + POST_NOISE) * (credited + 2 * SLICE_S) * self.post
+        return fast > (1.0 + RATE_NOISE) * (credited + 2 * SLICE_S) * self.post
 
     def _pause(self, seconds: float, done: float) -> None:
         self._hold_anchor(done)
