@@ -16,7 +16,6 @@ from flashstream.checkpoint.cliff_watch import (
     HOLD_S,
     ReadWatch,
     dropped,
-    onset,
     placed,
     stalled,
 )
@@ -161,7 +160,7 @@ def test_a_drop_to_the_post_cache_rate_is_a_cliff_and_is_placed_where_it_began()
     now = looks[-1][0]
     low_from = dropped(looks, 0.0, now)
     assert low_from is not None
-    assert onset(looks, low_from, 0.0, 0.65e9) == pytest.approx(1.0, abs=0.01)
+    assert placed(looks, low_from, 0.0, 0.65e9)[0] == pytest.approx(1.0, abs=0.01)
     assert dropped(looks[:56], 0.0, looks[55][0]) is None  # not yet a hold long
 
 

@@ -1,13 +1,11 @@
 """``rate="auto"`` for one CheckpointWriter: what it carries from one save to the next.
 
-Each save's data write is paced by a :class:`~flashstream.checkpoint.save_control.
-SaveController` from the drive's model, and the model learns from the save after its commit
-(drive_learning.py). Between saves the writer keeps what no single save knows: when the last
-save's data ended and the drive's counters then (what the drive took since, from any writer,
-fills its cache; the reads completed since say how fast they are while the drive is quiet),
-how long a save's tail takes (``within`` must leave it over), and whether this writer has read
-the drive's drain itself yet. Until it has, a save that needs pacing measures the drive: a
-model learned by someone else, or earlier, may be wrong either way, however recent.
+Each save is paced by a :class:`~flashstream.checkpoint.save_control.SaveController` from the
+drive's model, which learns from the save after its commit (drive_learning.py). Between saves
+the writer keeps what no single save knows: when the last save's data ended and the drive's
+counters then (the bytes since fill its cache; the reads since are its quiet latency), how long
+a save's tail takes (for ``within``), whether this writer has seen the drive's cliff itself,
+and how its tests went (:func:`save_kind`).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import time
 from typing import Dict, Optional, Tuple
 
 from ..telemetry.device import device_of
-from ..telemetry.diskstats import disk_counters
+from ..telemetry.diskstats import write_read_counters
 from ..telemetry.drive_model import (
     MEASURED,
     ClearSchedule,
@@ -49,18 +47,14 @@ FIRST_GRADUAL_PRUNE_S_PER_BYTE = 0.35e-9
 FIRST_RECYCLE_S_PER_BYTE = 0.01e-9
 #: The fewest reads between saves that give the drive's quiet read latency.
 QUIET_READS = 20
-#: Seconds a drive seen to need that long to leave its cliff (its margin over its drain)
-#: would hold reads if a test met its cliff: beyond, no test (the cliff costs the reads beside
-#: it more than a faster plan gains), unless the plan would take longer than the test by more
-#: seconds than the cliff would last (a plan on a drain read low loses more with each save,
-#: as it counts the cache fuller after each gap). The bound on the seconds in the cliff after
-#: a fresh start's first save (docs/checkpoint.md, "Limits"), which a test may spend once.
+#: Seconds in the cliff a test may cost (the bound after a fresh start's first save,
+#: docs/checkpoint.md): a drive that needs longer to leave its cliff (its margin over its
+#: drain) is not tested, unless its plan would lose more than that to the test.
 TEST_EXIT_S = 0.5
 #: Tests of one writer that may meet the cliff before it plans with what it knows.
 TEST_CROSSINGS = 2
-#: A save tests a faster drain only where the drain it plans with could make it take this
-#: many times as long as the fastest drain to expect: below, the cliff that may come costs the
-#: reads beside it more than the save could gain.
+#: A save tests a faster drain only where its plan could take this many times as long as the
+#: test's: below, a cliff the test may meet costs the reads more than the save could gain.
 TEST_GAIN = 1.15
 
 
@@ -79,8 +73,8 @@ class AutoSave:
 
 
 class AutoPacing:
-    """The writer's side of ``rate="auto"`` (see the module docstring); with another rate it
-    only keeps the tail and pruning estimates (``time_left`` is for ``within``)."""
+    """The writer's side of ``rate="auto"``; with another rate it only keeps the tail and
+    pruning estimates (``time_left``, for ``within``)."""
 
     def __init__(self, directory: os.PathLike, config: WriterConfig, *,
                  online_discard: bool) -> None:
@@ -96,18 +90,18 @@ class AutoPacing:
         self.prune_s = 0.0
         self._disk_name: Optional[str] = None
         if config.rate == "auto":  # the reads until the first save are quiet ones too
-            self.mark = (time.time(), _counters(self.disk()))
+            self.mark = (time.time(), write_read_counters(self.disk()))
 
     def plan(self, *, capacity: int, time_left: Optional[float],
              counted: bool) -> Optional[AutoSave]:
-        """The pacing of the save about to write ``capacity`` bytes (None: not rate="auto").
-        ``counted``: the drive's counter sees the save's bytes as they complete (O_DIRECT)."""
+        """The pacing of a save of ``capacity`` bytes (None: not rate="auto"). ``counted``: the
+        drive's counter sees the save's bytes as they complete (O_DIRECT)."""
         cfg = self.config
         if cfg.rate != "auto":
             return None
         model = load_model(self.directory)
         disk = self.disk() if counted else None
-        now, counters = time.time(), _counters(disk)
+        now, counters = time.time(), write_read_counters(disk)
         start_fill = model.start_fill(now, None if counters is None else counters[0])
         settings = PlanSettings(deadline_policy=cfg.deadline_policy)
         measure, test = save_kind(model, capacity, start_fill(model.drain or 0.0),
@@ -127,7 +121,6 @@ class AutoPacing:
         return AutoSave(model, PacingThread(controller, disk, cfg.read_slo), start_fill,
                         counters, planned, kind, since)
 
-
     def _quiet_read_s(self, counters: Optional[Tuple[int, int, int]]) -> Optional[float]:
         """The mean read latency on the drive since the last save's data ended (quiet)."""
         if self.mark is None or self.mark[1] is None or counters is None:
@@ -136,27 +129,25 @@ class AutoPacing:
         return read_ms / 1e3 / reads if reads >= QUIET_READS else None
 
     def time_left(self, called: float, tail_extra: float) -> Optional[float]:
-        """Seconds the data write has to finish by ``within`` (counted from the save() call,
-        time.perf_counter()), less the time gone and the save's tail (header, sync, commit),
-        and ``tail_extra`` (pruning the oldest checkpoint where ``keep`` will)."""
+        """Seconds the data write has to finish by ``within`` from ``called``
+        (time.perf_counter()), less the save's tail and ``tail_extra`` (pruning)."""
         if self.config.within is None:
             return None
         left = self.config.within - (time.perf_counter() - called) - self.tail_s - tail_extra
         return max(left, 1e-3)
 
     def learn(self, save: AutoSave, *, total: int, ended: float) -> Dict[str, object]:
-        """After the commit: the model learns from the save (``ended``: time.time() when its
-        data ended); returns the report's ``pacing``."""
+        """After the commit: the model learns from the save (its data ended at ``ended``,
+        time.time()); returns the report's ``pacing``."""
         record = save.pacing.record
         disk = self.disk()
-        counters = _counters(disk)
+        counters = write_read_counters(disk)
         self.mark = (ended, counters)
         end_disk = None if counters is None else counters[0]
         learn(save.model, record, total=total, start_fill=save.start_fill, ended=ended,
               ended_disk=end_disk if save.pacing.disk else None)
         self.crossings += save.kind == "test" and bool(record.cliffs)
-        # A measuring save that met no cliff measured nothing: the next that needs pacing
-        # measures again.
+        # A measuring save that met no cliff measured nothing.
         self.measured = self.measured or save.kind == "measure" and bool(record.cliffs)
         out = describe(record)
         out.update(plan=save.kind, model=save.planned, others_before_bytes=save.others_before,
@@ -182,19 +173,15 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
               ) -> Tuple[bool, Optional[float]]:
     """How the next save learns the drive: (measure, test pace).
 
-    - A drive seen for the first time that may not take the save without a cliff: measure.
-    - A save the model says needs no pacing, or one with a deadline (which measuring could not
-      keep): plan.
-    - The first such save of a writer: measure (a model learned by someone else, or earlier,
-      may be wrong either way however recent, and only a cliff tells).
-    - While the drain is not measured (or was read below the slow end of drives): test a
-      faster pace (``trial_pace``), where the save goes past the model's cliff, knowing the
-      pace could shorten it by more than ``TEST_GAIN`` against the plan from the fill it
-      starts at (or a schedule the drive took clear before; the test from an empty cache, its
-      best case), the drive leaves its cliff soon enough (``TEST_EXIT_S``, or sooner than
-      the plan would lose against the test), and fewer than ``TEST_CROSSINGS`` tests of this
-      writer met the cliff. A test that meets the cliff recovers at once: its pace bounds the
-      drain from above (the next test halves the distance), and the drain known stays."""
+    - A drive with no cliff known that may not take the save clear: measure.
+    - A save the model says needs no pacing, or with a deadline: plan.
+    - The first such save of a writer: measure (a model learned elsewhere, or earlier, may be
+      wrong either way however recent; only a cliff tells).
+    - While the drain is not measured (or read below the slow end of drives): test a faster
+      pace (``trial_pace``) where it could shorten the save by ``TEST_GAIN`` against the plan
+      (or a schedule taken clear), the drive leaves its cliff soon enough (``TEST_EXIT_S``),
+      and fewer than ``TEST_CROSSINGS`` tests met the cliff. A test that meets it bounds the
+      drain from above (the next halves the distance); the drain known stays."""
     if model.cliff is None:
         return model.clear is None or model.clear.total < capacity, None
     if deadline is not None or fill + capacity <= settings.headroom * model.cache_size:
@@ -213,14 +200,13 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     best = planned_seconds(model, pace, capacity, settings)
     if model.cliff_margin is not None and \
             model.cliff_margin > max(TEST_EXIT_S, now - best) * model.drain:
-        return False, None  # a cliff the test meets would hold the reads too long
+        return False, None  # a cliff met would hold the reads too long
     return False, pace if pace > model.drain and now > TEST_GAIN * best else None
 
 
 def _read_within_family(model: DriveModel) -> bool:
-    """Whether the drain was read off two cliffs and is no slower than the slow end of drives
-    (``assumed_drain``): a reading below it is likelier a cliff placed wrong than the drive,
-    and is tested again like a bound."""
+    """Whether the drain was read off two cliffs and no slower than the slow end of drives (a
+    reading below it is likelier a cliff placed wrong, and tested again like a bound)."""
     slow_end = assumed_drain(model.post_cache_rate, model.fast_rate) or 0.0
     return model.how("drain_rate") == MEASURED and model.drain >= slow_end
 
@@ -228,10 +214,8 @@ def _read_within_family(model: DriveModel) -> bool:
 def trial_pace(model: DriveModel) -> float:
     """The pace a test writes at past its burst: midway between the drive's rates before and
     in its cliff, or, once a test met the cliff at some pace, midway between that and the
-    drain known (a bisection); never so slow that the cliff would not show: in its cliff the
-    drive still takes its post-cache rate, which must fall short of the pace
-    (cliff_watch.SHORTFALL) by more than its noise (cliff_watch.RATE_NOISE), or a cliff the test
-    meets passes unseen, or late, for a clear write."""
+    drain known (a bisection); never so slow that the post-cache rate, noise included, would
+    not fall short of it (cliff_watch.SHORTFALL): the cliff would pass unseen."""
     high = 0.5 * (model.fast_rate + model.post_cache_rate)
     if model.crossed is not None:
         high = min(high, model.crossed)
@@ -241,8 +225,7 @@ def trial_pace(model: DriveModel) -> float:
 
 def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float,
                      settings: PlanSettings = DEFAULT_SETTINGS) -> float:
-    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was, at the pace a
-    repeat takes (PlanSettings.repeat_pace, as save_control writes it)."""
+    """Seconds a save of ``capacity`` bytes takes written as ``clear`` was, repeated."""
     fast = model.fast_rate or math.inf
     if not clear.pace:
         return capacity / fast
@@ -252,21 +235,11 @@ def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float,
 
 def planned_seconds(model: DriveModel, drain: float, capacity: float,
                     settings: PlanSettings = DEFAULT_SETTINGS, fill: float = 0.0) -> float:
-    """Seconds a save of ``capacity`` bytes from ``fill`` bytes in the cache takes when planned
-    by the model with ``drain`` (the cache sized by it): unpaced to the headroom, then at the
-    sustained share of the drain."""
+    """Seconds a save of ``capacity`` bytes from ``fill`` in the cache takes planned with
+    ``drain``: unpaced to the headroom, then at the sustained share of the drain."""
     fast, cache = model.fast_rate or math.inf, model.cliff.cache(drain)
     room = max(0.0, settings.headroom * cache - fill)
     burst = room * (fast / (fast - drain) if fast > drain else math.inf)
     if capacity <= burst:
         return capacity / fast
     return burst / fast + (capacity - burst) / (settings.sustain * drain)
-
-
-def _counters(disk: Optional[str]) -> Optional[Tuple[int, int, int]]:
-    """The drive's (bytes written, reads completed, ms spent reading); None where unknown."""
-    try:
-        c = disk_counters(disk)
-    except (OSError, NotImplementedError):
-        return None
-    return None if c is None else (int(c.write_bytes), int(c.read_count), int(c.read_time))

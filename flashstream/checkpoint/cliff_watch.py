@@ -1,24 +1,18 @@
 """Seeing a drive's write cliff live, from a write's progress and the reads beside it.
 
-The save controller (save_control.py) hands every look here: the seconds since the write
-began, the bytes it completed, the bytes the drive took from every writer. A cliff shows in
-one of three ways:
+The save controller (save_control.py) hands every look here: seconds since the write began,
+bytes it completed, bytes the drive took from every writer. A cliff shows as:
 
-- **Unpaced**, the write falls below half the rate the drive took it at before (``CLIFF_SHARE``)
-  for ``HOLD_S``: in its cliff a dense drive writes at its post-cache rate, 15-45% of its
-  cache rate in docs/emulation.md's family (25% for PLC, 38% for QLC), while noise moves a
-  window by a tenth or two. A window with a gap of ``STALL_S`` without completions is the
-  disk stalling, not its cliff: in its cliff a drive keeps completing at its post-cache rate.
-- **Paced** at a rate the drive's cache takes at ease, the write falls short of the pace by a
-  fifth (``SHORTFALL``) for ``HOLD_S``: a drive in its cliff writes no faster than its
-  post-cache rate, whatever the pace.
-- **Reads** beside a paced write (or none) slow down to ``READ_SLOWDOWN`` x their quiet
-  latency: a drive that folds holds reads back, and a pace below the post-cache rate shows its
-  cliff no other way. Not beside an unpaced write: reads queue behind its large requests by
-  themselves (tens of ms on a burst of 8 x 8 MiB).
+- an **unpaced** write falling below ``CLIFF_SHARE`` of its rate before for ``HOLD_S`` (not a
+  stall: in its cliff a drive keeps completing, at its post-cache rate);
+- a **paced** write completing under ``SHORTFALL`` of its pace for ``HOLD_S``: in its cliff a
+  drive writes no faster than its post-cache rate, whatever the pace;
+- **reads** beside a paced write (or none) slowing to ``READ_SLOWDOWN`` x their quiet latency:
+  a folding drive holds reads back. Not beside an unpaced write, whose large requests queue
+  reads by themselves.
 
-Where the cliff began is placed by :func:`onset`: the meeting point of the straight lines the
-bytes followed before and after it.
+:func:`placed` puts the cliff's start where the lines the bytes followed before and after it
+meet.
 """
 
 from __future__ import annotations
@@ -27,42 +21,39 @@ import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["CLIFF_SHARE", "DRIVE", "HOLD_S", "RATE_NOISE", "READ_SLOWDOWN", "SHORTFALL", "SLICE_S",
-           "STALL_S", "WRITE",
-           "Look", "ReadWatch", "bytes_at", "dropped", "onset", "placed", "rate_between",
+__all__ = ["CLIFF_SHARE", "DRIVE", "HOLD_S", "RATE_NOISE", "SHORTFALL", "SLICE_S", "STALL_S",
+           "WRITE", "Look", "ReadWatch", "bytes_at", "dropped", "placed", "rate_between",
            "spread_of", "stalled"]
 
 # (seconds since the write began, bytes it completed, bytes the drive took from every writer)
 Look = Tuple[float, float, float]
 WRITE, DRIVE = 1, 2  # the columns of a Look
 
-#: A window below this share of the rate the drive took before it is in the cliff.
+#: A write below this share of its rate before is in the cliff: a dense drive's post-cache
+#: rate is 15-45% of its cache rate (docs/emulation.md's family), noise a tenth or two.
 CLIFF_SHARE = 0.5
-#: Seconds a drop must last: two of the block-I/O throttle's 0.1 s slices, so that a
-#: throttle's (or a drive's) completions in bursts cannot pass for it.
+#: Seconds a drop must last: two of a drive's (or the block-I/O throttle's) slices, so that
+#: completions in bursts cannot pass for it.
 HOLD_S = 0.2
-#: Seconds without a completion that make a window a stall of the disk: in its cliff a drive
-#: keeps completing at its post-cache rate (the throttle's gaps between slices last 60-80 ms).
+#: Seconds without a completion that make a window a stall of the disk, not its cliff: longer
+#: than the gaps between a throttle's slices.
 STALL_S = 0.15
-#: Seconds of one of the block-I/O throttle's slices (and a drive's own bursts): a new limit,
-#: or a cliff, releases a slice's worth at once.
+#: Seconds of one of a drive's (or the throttle's) slices: a new limit, or a cliff, releases a
+#: slice's worth at once.
 SLICE_S = 0.1
 #: A paced write that completes less than this share of its pace is held back by the drive.
 SHORTFALL = 0.8
-#: The spread of the rate a drive completes over a hold about its mean, as a share: a tenth
-#: (save_readings.POSSIBLE_DRAIN_SHARE allows the new-file rate as much). A rate read off one
-#: hold, or one slice, may be that far off the drive's.
+#: The spread, as a share, of the rate a drive completes over a hold about its mean: a rate
+#: read off one hold, or one slice, may be that far off the drive's.
 RATE_NOISE = 0.1
-#: Reads this many times slower than when the drive was quiet are held back by its folding:
-#: a folding drive holds a read for the time it takes to fold a slice (tens to hundreds of ms
-#: against a quiet fraction of one), where a paced writer's queue adds a few tenths.
+#: Reads this many times slower than when quiet are held back by the drive's folding (a fold
+#: slice, tens to hundreds of ms), not by a paced writer's queue (a few tenths of that) ...
 READ_SLOWDOWN = 10.0
-#: ... and at least this slow on average (seconds): a read queued behind a paced writer's
-#: requests waits a few milliseconds; one held while the drive folds waits for a fold slice,
-#: tens to hundreds of milliseconds (112-993 ms p95 on issue 48's drives).
+#: ... and at least this slow on average (seconds): behind a paced writer's requests a read
+#: waits milliseconds, behind a fold slice tens of them.
 READ_SLOW_S = 0.02
-#: Reads within this many times their quiet latency are not held back: a paused writer's last
-#: requests and the reads' own noise stay within it.
+#: Reads within this many times their quiet latency are not held back (the noise of reads,
+#: and a paused writer's last requests).
 READ_QUICK = 3.0
 
 
@@ -106,24 +97,16 @@ def dropped(looks: Sequence[Look], run_from: float, now: float, before_at_least:
     return low_from
 
 
-def onset(looks: Sequence[Look], low_from: float, run_from: float, above: float) -> float:
-    """When a cliff confirmed low from ``low_from`` on began (seconds into the write): where
-    the lines fitted to the write's bytes over the last ``2 * HOLD_S`` before ``low_from``
-    (within its steady run from ``run_from``) and after it meet. Where they cannot be fitted
-    or do not meet within a hold of ``low_from``: the end of the write's last slice at
-    ``above`` bytes/s or faster (the rate it fell from), not before ``run_from``.
-
-    A cliff placed late costs a reading little: the bytes it adds came at the cliff's own rate,
-    near the drain. Placed early, it loses bytes written at the full rate before it."""
-    return placed(looks, low_from, run_from, above)[0]
-
-
 def placed(looks: Sequence[Look], low_from: float, run_from: float, above: float
            ) -> Tuple[float, float]:
-    """:func:`onset`, and how far off it may be (seconds): where the two lines meet, the bytes'
-    scatter about them over the difference of their slopes (a drive, or a throttle, that
-    completes in lumps blurs where the bend is); where they cannot be fitted, a hold (the
-    cliff lies somewhere within the hold that confirmed it)."""
+    """When a cliff confirmed low from ``low_from`` on began (seconds into the write), and how
+    far off that may be: where the lines fitted to the write's bytes over the ``2 * HOLD_S``
+    before ``low_from`` (within its run from ``run_from``) and after it meet, off by the
+    bytes' scatter about them over the difference of their slopes. Where they cannot be fitted
+    or do not meet within a hold of ``low_from``: the end of the write's last slice at
+    ``above`` bytes/s or faster, not before ``run_from``, off by a hold (the hold that
+    confirmed it). Placed late, a cliff costs a reading little (the bytes it adds came near
+    the drain); placed early, it loses bytes written at the full rate."""
     before = [lk for lk in looks if max(run_from, low_from - 2 * HOLD_S) <= lk[0] <= low_from]
     after = [lk for lk in looks if lk[0] >= low_from]
     if len(before) >= 3 and len(after) >= 3:
@@ -143,9 +126,7 @@ def placed(looks: Sequence[Look], low_from: float, run_from: float, above: float
 
 
 def spread_of(cliff) -> float:
-    """Seconds a reference cliff's placement may be off: its own spread, or, where it has none
-    (a probe's, or a model's from before spreads were kept), a hold: the cliff lies somewhere
-    within the hold that confirmed it."""
+    """Seconds a reference cliff's placement may be off: its spread, else (a probe's) a hold."""
     return HOLD_S if cliff.spread is None else cliff.spread
 
 
@@ -168,10 +149,10 @@ def bytes_at(looks: Sequence[Look], t: float, column: int = WRITE) -> float:
 
 
 class ReadWatch:
-    """The mean latency of the reads on the drive over the last ``HOLD_S``, against their
-    quiet mean (seconds per read; None: not known, and the absolute floors alone judge)."""
+    """The reads' mean latency on the drive lately against their quiet mean ``quiet`` (seconds
+    per read; None: unknown, and the absolute floors alone judge)."""
 
-    MIN_READS = 4
+    MIN_READS = 4  # fewer reads in a window say nothing of their latency
 
     def __init__(self, quiet: Optional[float]) -> None:
         self.quiet = quiet
@@ -184,9 +165,8 @@ class ReadWatch:
             (t, reads, read_s)]
 
     def quick(self, seconds: float = SLICE_S) -> bool:
-        """Reads over the last ``seconds`` back within ``READ_QUICK`` x their quiet latency (a
-        quarter of ``READ_SLOW_S`` where that is longer or not known): the drive no longer
-        holds them (it left its cliff)."""
+        """Reads over the last ``seconds`` back within ``READ_QUICK`` x quiet (or a quarter of
+        ``READ_SLOW_S``): the drive left its cliff."""
         mean = self._mean(seconds)
         return mean is not None and mean <= max(READ_QUICK * (self.quiet or 0.0),
                                                 0.25 * READ_SLOW_S)

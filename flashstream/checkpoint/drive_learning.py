@@ -1,15 +1,8 @@
 """What ``rate="auto"`` learns of the drive from one save's record (save_record.py): only what
-the drive showed, and nothing written to learn it.
-
-- The new-file and post-cache rates where the drive, unpaced, set the save's pace before and in
-  its cliff.
-- The drain: measured where the save met its cliff again after a pause (the drive's bytes over
-  the seconds from the anchor); a lower bound where the save's bytes ran out first; else the
-  slow end of drives (``ASSUMED_DRAIN_SHARE`` of the post-cache rate).
-- The cache: the save's first cliff, from the fill the save began with, is the model's
-  reference cliff (telemetry/drive_model.py), which sizes it by the drain.
-- The margin the drive freed before it was seen out of its cliff (at most).
-- The cache's fill when the save ended, for the next save to start from.
+the drive showed, nothing written to learn it. The new-file and post-cache rates, where the
+drive set an unpaced save's pace; the drain (measured, a lower bound, else the slow end of
+drives); the save's first cliff as the reference that sizes the cache by the drain; the margin
+the drive freed before it left its cliff; the fill at the end, for the next save.
 
 A newer reading replaces an older one, whatever their ages: a drive that changed (another
 tenant, a drive swapped behind the same name) is known by what it shows now.
@@ -41,9 +34,9 @@ log = logging.getLogger(__name__)
 def learn(model: DriveModel, record: SaveRecord, *, total: float,
           start_fill: StartFill, ended: float, ended_disk: Optional[int],
           source: str = "save") -> DriveModel:
-    """Updates ``model`` from ``record`` (a save of ``total`` bytes that began with
-    ``start_fill(drain)`` in the cache and ended at ``ended``, time.time(), the drive's
-    written-bytes counter then ``ended_disk``) and saves it; returns it."""
+    """Updates ``model`` from ``record`` (a save of ``total`` bytes from ``start_fill(drain)``
+    that ended at ``ended``, time.time(), the drive's write counter then ``ended_disk``) and
+    saves it."""
     model.sources = (model.sources + [source])[-20:]
     if record.fast_rate:
         model.fast_rate = record.fast_rate
@@ -60,8 +53,7 @@ def learn(model: DriveModel, record: SaveRecord, *, total: float,
         model.clear = ClearSchedule(record.clear[0], record.clear[1], float(total),
                                     record.clear[2])
     if record.drain_how == LOWER_BOUND and record.drain > (model.drain or 0.0):
-        # Clear of the cliff where a slower drain would have met it: faster, whatever the
-        # model said and however recently.
+        # Clear where a slower drain would have met the cliff: faster, however recent the model.
         model.drain_rate = record.drain
         model.note("drain_rate", LOWER_BOUND, source)
     return _saved(model, record, ended, ended_disk)
@@ -79,13 +71,10 @@ def _saved(model: DriveModel, record: SaveRecord, ended: float, ended_disk: Opti
 
 def _anchor_fill(model: DriveModel, record: SaveRecord, ended: float,
                  ended_disk: Optional[int]) -> None:
-    """Where the next save's fill is reckoned from. After a cliff, from the last moment the
-    save saw the cache full, as a function of the drain (the cache's size by it, plus what the
-    drive took since, less what it folded): the readings off the next save solve for the
-    drain through that fill, and a number reckoned by the drain the model held then (the slow
-    end of drives, until read) would move each of them by its error. Else, and where the
-    drive's counter is unknown, the save's end fill: reckoned afresh each save, so that the
-    idle gaps between saves, which empty the cache whatever its drain, bound the error."""
+    """Where the next save's fill is reckoned from. After a cliff, the last moment the save saw
+    the cache full, as a function of the drain (the next save's readings solve for the drain
+    through it; a number by the drain held now would carry its error). Else, or without the
+    drive's counter, the end fill, afresh each save (idle gaps bound its error)."""
     if ended_disk is not None and record.full_before is not None and model.cliff is not None:
         seconds, nbytes = record.full_before
         model.set_full(ended - seconds, int(ended_disk - nbytes))
@@ -102,8 +91,7 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
         assumed = assumed_drain(model.post_cache_rate, model.fast_rate)
         bound = record.drain if record.drain_how == LOWER_BOUND else None
         if record.test_pace and record.cliffs[0].during == "test" and model.drain_rate:
-            # A test met its cliff above the drain known: that bounds the pace (crossed), and
-            # the drain known stays, raised where the two cliffs bound it higher.
+            # A test met its cliff above the drain known: the drain stays, raised to a bound.
             if bound and bound > model.drain_rate:
                 model.drain_rate = bound
                 model.note("drain_rate", LOWER_BOUND, source)
@@ -117,13 +105,10 @@ def _learn_cliff(model: DriveModel, record: SaveRecord, start_fill: StartFill,
     first = record.cliffs[0]
     seen = ReferenceCliff(first.seconds, first.drive, start_fill.fill, start_fill.since,
                           start_fill.before, first.spread)
-    # The cliff the model sizes the cache by: this one where none is held, where this save
-    # measured (unpaced from its start: the model it began from may be wrong either way, and
-    # its cliff is the one it measured against), or where this one shows the cache smaller
-    # even placed as late as it may have come (the drive changed, or the one held was read
-    # high); else the one held, which a measuring save met from the emptiest start (a cliff
-    # placed less closely, from a fill the drain only estimates, would size the cache
-    # small, and a bound off it would overstate the drain).
+    # The reference becomes this cliff where none is held, where this save measured (its
+    # drain was read against it), or where it shows the cache smaller even placed as late as
+    # it may have come (the drive changed); else the one held stays, met from the emptiest
+    # start (one from an estimated fill would size the cache small, a bound off it high).
     measuring = bool(record.modes) and record.modes[0][1] == BURST  # its first cliff ended it
     if model.cliff is None or measuring or \
             seen.latest(model.fast_rate or 0.0, spread_of(seen)).cache(drain) < \

@@ -31,7 +31,7 @@ from ..telemetry.drive_model import (
     load_model,
 )
 from ..telemetry.probe import measure, preallocated_file
-from .cliff_watch import CLIFF_SHARE, HOLD_S, SLICE_S, Look, bytes_at, dropped, onset, rate_between
+from .cliff_watch import CLIFF_SHARE, HOLD_S, SLICE_S, Look, bytes_at, dropped, placed, rate_between
 
 __all__ = ["measure_sustained"]
 
@@ -101,8 +101,8 @@ def find_cliff(looks: List[Look]) -> Optional[Tuple[float, float, float]]:
     for k, (t, _done, _drive) in enumerate(looks):
         low_from = dropped(looks[:k + 1], 0.0, t)
         if low_from is not None:
-            at = onset(looks[:k + 1], low_from, 0.0,
-                       CLIFF_SHARE * rate_between(looks, 0.0, low_from))
+            at = placed(looks[:k + 1], low_from, 0.0,
+                        CLIFF_SHARE * rate_between(looks, 0.0, low_from))[0]
             after = rate_between(looks, at + SLICE_S, looks[-1][0])
             return at, rate_between(looks, 0.0, low_from), \
                 after or rate_between(looks, at, looks[-1][0])

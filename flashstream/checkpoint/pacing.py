@@ -1,25 +1,19 @@
 """The pace of one ``rate="auto"`` save from the drive's model, so that its cache never fills.
 
-The planner is clock-free (tests drive it with synthetic progress). It keeps an estimate of the
-bytes in the drive's cache: the fill the save started from, plus every byte the drive is given
-meanwhile (its counter in /proc/diskstats, so other processes' writes count too; else this
-save's own), drained at the drain rate. Other writers' rate over the last second also comes off
-the drain every pace below counts on.
+The clock-free planner keeps an estimate of the bytes in the drive's cache: the start fill,
+plus every byte the drive takes (its counter in /proc/diskstats, other processes' writes
+included; else this save's own), drained at the drain rate, less other writers' recent rate.
 
-- With a deadline (``within=``) it paces at the flattest rate that finishes in time: of all
-  schedules the one that fills the cache least and leaves reads the most of the drive at every
-  moment. If even that fills the cache past its ceiling, no schedule meets the deadline
-  cliff-free (each has the same drain to spend): a conflict, and ``deadline_policy`` decides:
-  "avoid-cliff" paces at the fastest flat rate that ends at the ceiling and finishes late;
-  "meet-deadline" keeps the flat rate.
-- Without one it writes unpaced while the estimate is under the headroom, then at the fastest
-  flat pace that ends with the cache at its ceiling, counting on only ``sustain`` of the drain
-  from the save's start (``worst``); once that count reaches the ceiling it never bursts again,
-  so ``sustain`` is a real margin for a drain read high.
+- With a deadline (``within=``): the flattest rate that finishes in time, which fills the cache
+  least. If even that passes the ceiling, no schedule meets the deadline cliff-free (a
+  conflict): "avoid-cliff" paces at the fastest flat rate that ends at the ceiling and finishes
+  late; "meet-deadline" keeps the flat rate.
+- Without one: unpaced while the estimate is under the headroom, then the fastest flat pace
+  that ends at the ceiling counting only ``sustain`` of the drain (``worst``); once that count
+  reaches the ceiling it never bursts again, a real margin for a drain read high.
 - ``read_slo`` lowers the pace while reads miss it (``slo_cap``), never below the deadline's.
-- A save that may start in the drive's cliff (the estimate above where the drive leaves it,
-  ``resume``) first writes at a crawl until the estimate is below it: a drive written at its
-  drain in its cliff stays there.
+- A save that may start in the cliff (the estimate above ``resume``, where the drive leaves it)
+  crawls until below it: a drive written at its drain in its cliff stays there.
 """
 
 from __future__ import annotations
@@ -42,10 +36,9 @@ CRAWL_SHARE = 0.1
 class PlanSettings:
     """The margins of a plan, each a share of the cache or of the drain.
 
-    headroom: an unpaced burst stops once the estimate is at this share of the cache; the rest
-        takes the bytes in flight as the burst is paced and the error of a cache size read off
-        one cliff.
-    sustain: the share of the drain that paces count on: the margin for a drain read high.
+    headroom: an unpaced burst stops at this share of the cache (the rest: bytes in flight as
+        the burst is paced, and the error of a cache read off one cliff).
+    sustain: the share of the drain paces count on: the margin for a drain read high.
     ceiling: past the headroom, the cache may end at most this full by that count.
     finish: with a deadline, aim to finish by this share of it (the drive's noise).
     deadline_policy: "avoid-cliff" or "meet-deadline" (see the module docstring).
@@ -69,9 +62,8 @@ class PlanSettings:
                              f"got {self.deadline_policy!r}")
 
     def repeat_pace(self, pace: float) -> float:
-        """The pace a schedule the drive took clear at ``pace`` is written again at: its
-        sustained share, the margin plans leave for a drain read high (a cliff in the last
-        slice of the save that took it clear would have passed unseen, at the edge)."""
+        """The pace a schedule taken clear at ``pace`` is repeated at: its sustained share (a
+        cliff in the last slice of the save that took it clear would have passed unseen)."""
         return self.sustain * pace
 
 
@@ -80,9 +72,8 @@ DEFAULT_SETTINGS = PlanSettings()
 
 class CachePlanner:
     """The pace of one save from the cache estimate, the bytes left and the deadline.
-
-    ``resume``: the fill below which the drive is out of its cliff (None: the save does not
-    wait for it); ``lead``: bytes in flight, which the estimate has not seen yet."""
+    ``resume``: the fill below which the drive is out of its cliff (None: no wait); ``lead``:
+    bytes in flight, which the estimate has not seen yet."""
 
     def __init__(self, *, total: float, cache_size: float, drain: float, fill: float = 0.0,
                  deadline: Optional[float] = None, settings: PlanSettings = PlanSettings(),
@@ -114,8 +105,8 @@ class CachePlanner:
         return max(self.recovery - self.others_rate, 0.1 * self.recovery)
 
     def advance(self, done: float, elapsed: float, disk_written: Optional[float] = None) -> None:
-        """The write completed ``done`` bytes after ``elapsed`` s; ``disk_written``: the bytes
-        the drive took meanwhile from every writer (None: unknown)."""
+        """The write completed ``done`` bytes after ``elapsed`` s; the drive took
+        ``disk_written`` from every writer (None: unknown)."""
         written = max(done, disk_written or 0.0, self.written)
         span = elapsed - self.elapsed
         self.fill = left_after_folding(self.fill + written - self.written, self.recovery, span)
@@ -152,8 +143,8 @@ class CachePlanner:
         return pace
 
     def burst_left(self) -> float:
-        """Bytes an unpaced write may still add before it is paced (inf: never; 0: now).
-        Past its deadline a save writes as the cache allows, which no headroom steers: inf."""
+        """Bytes an unpaced write may still add before it is paced (inf: never, as past the
+        deadline; 0: now)."""
         needed = self.needed()
         if math.isinf(needed):
             return math.inf
@@ -162,8 +153,8 @@ class CachePlanner:
         return self._unpaced_room(max(0.0, self.total - self.done))
 
     def _unpaced_room(self, remaining: float) -> float:
-        """Bytes a write may add unpaced: below the headroom by the estimate, and below the
-        ceiling by the sustained count (inf where all of ``remaining`` fits under it)."""
+        """Bytes a write may add unpaced: under the headroom by the estimate and under the
+        ceiling by the sustained count (inf where all of ``remaining`` fits)."""
         if self.worst + self.lead + remaining <= self.ceiling:
             return math.inf
         return max(0.0, min(self.limit - self.fill, self.ceiling - self.worst) - self.lead)
@@ -179,8 +170,7 @@ class CachePlanner:
             if self.conflict and self.settings.deadline_policy == "avoid-cliff":
                 return self._fastest_cliff_free(remaining)
             return 0.0
-        # A flat write at `needed` ends with this much in the cache, counted at the sustained
-        # drain (as the fastest cliff-free pace counts it).
+        # A flat write at `needed` ends with this much in the cache, at the sustained drain.
         end_fill = self.worst + self.lead + remaining - sustained * remaining / needed
         if needed <= sustained or end_fill <= self.ceiling:
             self.conflict = False
@@ -191,9 +181,9 @@ class CachePlanner:
         return self._fastest_cliff_free(remaining)
 
     def _fastest_cliff_free(self, remaining: float) -> float:
-        """The fastest flat pace that ends with the cache at its ceiling at the sustained
-        drain s: writing R bytes at r ends at worst + R - s * R / r, so r = s * R / (worst + R -
-        ceiling); never below s. Bytes in flight count only where the rest would go unpaced."""
+        """The fastest flat pace that ends at the ceiling at the sustained drain s: R bytes at r
+        end at worst + R - s * R / r, so r = s * R / (worst + R - ceiling), never below s.
+        Bytes in flight count only where the rest would go unpaced."""
         sustained = self.settings.sustain * self.drain
         excess = self.worst + remaining - self.ceiling
         if excess + self.lead <= 0:

@@ -9,7 +9,7 @@ import time
 from typing import Optional
 
 from .. import engine
-from ..telemetry.diskstats import disk_counters
+from ..telemetry.diskstats import write_read_counters
 from ..telemetry.read_latency import ReadLatencyMonitor
 from .save_control import SaveController, SaveRecord
 
@@ -34,7 +34,7 @@ class PacingThread:
 
     def __enter__(self) -> PacingThread:
         self._t0 = time.perf_counter()
-        self._base = self._counters()
+        self._base = write_read_counters(self.disk)
         self._thread.start()
         return self
 
@@ -54,15 +54,11 @@ class PacingThread:
                             reads, read_s, p95)
             self.control.rate = pace
 
-    def _counters(self) -> Optional[tuple]:
-        try:
-            c = disk_counters(self.disk)
-        except (OSError, NotImplementedError):
-            return None
-        return None if c is None else (c.write_bytes, c.read_count, c.read_time / 1e3)
-
     def _since_start(self) -> tuple:
-        now = self._counters()
+        """The drive's bytes written, reads completed and seconds spent reading since the
+        write began (None each: unknown)."""
+        now = write_read_counters(self.disk)
         if now is None or self._base is None:
             return None, None, None
-        return tuple(float(a - b) for a, b in zip(now, self._base))
+        return float(now[0] - self._base[0]), float(now[1] - self._base[1]), \
+            (now[2] - self._base[2]) / 1e3

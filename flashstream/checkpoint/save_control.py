@@ -1,42 +1,33 @@
 """The pace of one ``rate="auto"`` save, set while it writes, and what the save showed of the
 drive: the saves are the measurements, and they write nothing but the checkpoint.
 
-:class:`SaveController` is clock-free: it is handed a look at the write's progress (seconds,
-bytes it completed, bytes the drive took from every writer, the reads on the drive) and
-answers the pace (pacing_thread.py runs it against a write in flight). Its modes:
+:class:`SaveController` is clock-free: handed a look at the write's progress (seconds, bytes
+it completed, bytes the drive took from every writer, the reads on the drive), it answers the
+pace (pacing_thread.py runs it against a write in flight). Its modes:
 
 - ``plan``: the :class:`~flashstream.checkpoint.pacing.CachePlanner`'s pace from the model.
-- ``burst``: unpaced until the cliff, on a drive seen for the first time or whose model this
-  writer has not yet seen confirmed (a model measured by someone else, or before, may be
-  wrong either way, and only a cliff tells how far).
-- ``pause``: from the cliff the save stops issuing, so the drive folds with its cache full
-  at the moment the last request completed (the *anchor*); ...
-- ``refill``: ... then writes unpaced again until its cliff comes back. Between the anchor and
-  that cliff nothing but the drive's folding made room, so the bytes the drive took over the
-  seconds between are its drain rate (every writer's bytes counted: the drive's counter).
-  Where the bytes run out first, that rate is a lower bound.
-- ``recover``: stopped again until the drive has freed the margin it was seen to need before
-  it left its cliff; then ``plan`` for the rest, from the figures just measured.
-
-- ``test``: where the drain is not measured and the save starts with the cache empty, the
-  cliff the model holds (met from empty too) is tested: unpaced to the headroom's share of
-  the time it took (short of it, whatever the drain), then paced midway between the drive's
-  two rates (auto_pacing.trial_pace). A drive that drains slower than that meets its cliff
-  again late in the save: the save recovers at once (no refill: it would hold the drive in
-  its cliff again), and the two cliffs read the drain as closely as they were placed
-  (save_readings.py); one that does not ends the save close under its cliff, which bounds
-  the drain from below closely.
+- ``burst``: unpaced to the cliff, where this writer has not yet seen the model confirmed (a
+  model measured by someone else, or before, may be wrong either way).
+- ``pause``: from the cliff the save stops, so the drive folds from a full cache (the
+  *anchor*: the last request completed); then ``refill``: unpaced until the cliff comes back.
+  The drive's bytes over the seconds between are its drain (every writer's, by its counter);
+  where the bytes run out first, a lower bound.
+- ``recover``: stopped until the drive has freed the margin it needs to leave its cliff,
+  then ``plan`` for the rest from the figures just read.
+- ``test``: where the drain is not measured, from an empty cache, unpaced short of the
+  model's cliff for any drain, then midway between the drive's two rates
+  (auto_pacing.trial_pace). A drive draining slower meets its cliff late: the save recovers
+  at once, and the two cliffs read the drain (save_readings.py); one that does not ends close
+  under its cliff, a close lower bound.
 - ``repeat``: a schedule the drive took clear before, written the same way again.
 
-In ``plan``, a cliff the plan did not predict (cliff_watch.py: the write falling short, or
-the reads beside it slowing) starts the same measurement: ``pause``, ``refill``.
-A deadline (``within=``) bounds all of it: once measuring would leave too little time for the
-rest at the drain, the save plans.
+In ``plan``, a cliff the plan did not predict (cliff_watch.py: the write falling short, or the
+reads slowing) starts the same measurement. A deadline (``within=``) bounds all of it: once
+measuring would leave too little time for the rest, the save plans.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Callable, List, Optional
 
@@ -71,41 +62,33 @@ from .save_record import (
 __all__ = ["PLAN", "BURST", "PAUSE", "REFILL", "RECOVER", "REPEAT", "TEST", "SaveController",
            "SaveRecord", "SeenCliff", "describe"]
 
-log = logging.getLogger(__name__)
-
 #: The pace that stops a write (bytes/s): a request waits far longer than any save lasts.
 PAUSE_RATE = 1.0
-#: Seconds between looks while the write is unpaced or measuring (a cliff is placed to about
-#: one), and otherwise.
+#: Seconds between looks while unpaced or measuring (a cliff is placed to about one), else.
 FINE_TICK_S, TICK_S = 0.02, 0.05
-#: Seconds of unpaced writing after a pause that tell whether the drive is out of its cliff,
-#: from a slice after the refill began: the first slice brings a burst at any rate (the
-#: throttle's slice, with the pause it credits the writer: docs/emulation.md; on a drive, what
-#: the pause folded), and the probe spans more than a slice beyond.
+#: Seconds of a refill, from a slice after it began (the first slice brings a burst at any
+#: rate: what the pause folded, or a throttle's credit), that tell whether the drive is out of
+#: its cliff: more than a slice.
 PROBE_S = 0.15
-#: The longest pause a block-I/O throttle may credit a writer (seconds): one idle that long or
-#: less may get its limit's worth of the pause at once when it resumes, besides its slice
-#: (cgroup v1 on kernel 6.18: idle 0.1-0.15 s, a limit x 0.2-0.25 s at once, and 0.18 s once);
-#: one idle longer starts a fresh slice (idle 0.18-1.2 s: a slice's worth).
+#: The longest idle a block-I/O throttle credits a writer when it resumes (seconds), besides
+#: its slice; a longer one starts a fresh slice (docs/emulation.md).
 CREDITED_IDLE_S = 0.2
 #: The least pause before a refill (seconds): shorter, the drive has not folded a margin.
 MIN_PAUSE_S = 0.1
-#: A measuring write runs at this many times the drive's new-file rate, once known.
+#: A measuring write is paced at this many times the drive's new-file rate, once known: the
+#: drive still sets the pace, and fewer bytes are in flight when the cliff comes.
 BURST_OVER_FAST = 2.0
-#: The longest a save stops writing (seconds), whatever it waits for: past the longest any
-#: drive of docs/emulation.md's family needs to free its margin (a quarter of a cache of 2.5 s
-#: of fast writing, folding at half the slowest post-cache rate: under 9 s).
+#: The longest a save stops writing (seconds): past the longest any drive of
+#: docs/emulation.md's family needs to free its margin (a quarter of a cache of 2.5 s of fast
+#: writing, folding at half the slowest post-cache rate: under 9 s).
 MAX_STOP_S = 15.0
-#: A refill whose probe (``PROBE_S``) ran at this share of the new-file rate or faster is out
-#: of the cliff: in it a drive writes at most 0.45 of that rate (docs/emulation.md's family),
-#: and a slice's burst more where the probe catches part of one (0.6); out of it, at the rate
-#: less its noise.
+#: A refill whose probe ran at this share of the new-file rate or faster is out of the cliff:
+#: in it a drive writes at most 0.45 of that rate (docs/emulation.md's family), 0.6 with part
+#: of a slice's burst; out of it, the rate less its noise.
 OUT_SHARE = 0.75
-#: A post-cache window (a slice past the cliff's first) that caught under this share of the
-#: mean over all the cliff seen caught next to none of a slice's bytes (a gap between a
-#: throttle's, or a drive's, slices): that mean reads closer then. Not a larger share: the
-#: mean also holds the full-rate bytes of a cliff placed early (by most of a slice among the
-#: lumps), which read it up to twice the rate.
+#: A post-cache window (a slice past the cliff's first) under this share of the mean over the
+#: whole cliff caught next to none of a slice's bytes (a gap between slices): the mean reads
+#: closer then. Not more: the mean also holds full-rate bytes of a cliff placed early.
 EMPTY_WINDOW_SHARE = 0.25
 #: How much longer each pause is than the last while the drive is still in its cliff.
 PAUSE_GROWTH = 1.5
@@ -114,16 +97,11 @@ PAUSE_GROWTH = 1.5
 FASTEST_DRAIN_SHARE = 1.6
 
 
-
 class SaveController(SaveReadings):
-    """The pace of one save (see the module docstring).
-
-    ``model``: the drive's model as the save starts; ``start_fill(drain)``: the cache's fill
-    at the start by a drain rate (the model's estimate is one value of it); ``measure``: burst
-    to the cliff and measure the drain (else plan); ``test``: the pace to test the model's
-    cliff at (the ``test`` mode of the module docstring); ``lead``: the bytes an unpaced
-    write keeps in flight; ``quiet_read_s``: the drive's mean read latency while quiet (None:
-    unknown)."""
+    """The pace of one save (see the module docstring). ``start_fill(drain)``: the cache's
+    fill at the start by a drain rate; ``measure``: burst to the cliff and measure the drain;
+    ``test``: the pace to test the model's cliff at; ``lead``: the bytes an unpaced write keeps
+    in flight; ``quiet_read_s``: the drive's mean read latency while quiet (None: unknown)."""
 
     def __init__(self, model: DriveModel, *, total: float, start_fill: Callable[[float], float],
                  measure: bool = False, test: Optional[float] = None,
@@ -144,11 +122,9 @@ class SaveController(SaveReadings):
         self._run_from = 0.0    # when the current unpaced run (or steady pace) began
         self._steady = 0.0      # the pace in force since then
         self._anchors: List[Look] = []  # the moments since the cliff the cache may have been full
-        self._exit_bytes = 0.0
         self._pause_s = 0.0
         self._probed = False
         self._first: Optional[SeenCliff] = None  # the cliff that sizes the cache
-        self._exit_s: Optional[float] = None
         self._slo_next = 0.0
         self._test_until = self._test_pace = 0.0
         self._reads_held = False  # reads were seen held back since the last cliff
@@ -157,17 +133,14 @@ class SaveController(SaveReadings):
         if measure or not model.has_cliff and (clear is None or clear.total < total):
             self._enter(BURST, 0.0)
         elif test and model.has_cliff and self.fast and self.post:
-            # The cliff's bytes less the fill at the start by the fastest drain to expect
-            # (the emptiest start): short of the cliff for any drain at least that fast, and
-            # a cliff met before tells how much slower the drive drains. Then midway between
-            # the drive's two rates: a cliff then shows as the write falling short.
+            # Unpaced to the cliff's bytes less the start fill by the fastest drain to expect
+            # (short of the cliff for any drain), then at the test's pace.
             ref, fastest = model.cliff, FASTEST_DRAIN_SHARE * self.post
             self._test_until = self.settings.headroom * (
                 ref.start_fill(fastest) + ref.bytes - start_fill(fastest))
             self._test_pace = self.record.test_pace = test
             self._enter(TEST, 0.0)
         elif clear is not None and clear.covers(total, fill):
-            # Taken clear from an empty cache before: written the same way again.
             self._test_until = clear.burst
             self._test_pace = self.settings.repeat_pace(clear.pace)
             self._enter(REPEAT, 0.0)
@@ -183,19 +156,15 @@ class SaveController(SaveReadings):
         scheduled = self.mode in (TEST, REPEAT)
         if self.mode in (BURST, REFILL) or scheduled and (
                 self.looks[-1][DRIVE] < self._test_until or not self._test_pace):
-            # Once the drive's rate is known, paced far above it: the drive still sets the
-            # pace, and requests sized by the pace keep a fraction of an unpaced write's
-            # bytes in flight, which the cliff would otherwise take at its slow rate.
             return BURST_OVER_FAST * self.fast if self.fast else 0.0
         return self._test_pace if scheduled else PAUSE_RATE
 
     def look(self, seconds: float, done: float, drive: Optional[float] = None,
              reads: Optional[int] = None, read_s: Optional[float] = None,
              read_p95: Optional[float] = None) -> float:
-        """The write completed ``done`` bytes after ``seconds``; the drive took ``drive`` bytes
-        from every writer since it began (None: unknown, only the write's own count); the
-        drive's read counters (``reads`` completed, ``read_s`` spent) and the readers' p95.
-        Returns the pace from now on."""
+        """The write completed ``done`` bytes after ``seconds``; the drive took ``drive`` from
+        every writer (None: unknown); its reads: ``reads`` completed, ``read_s`` spent, the
+        readers' p95. Returns the pace from now on."""
         drive = done if drive is None else max(drive, done)
         self.looks.append((seconds, float(done), float(drive)))
         self.reads.add(seconds, reads, read_s)
@@ -208,8 +177,7 @@ class SaveController(SaveReadings):
         return self.pace()
 
     def next_wait(self) -> float:
-        """Seconds until the next look: fine while a cliff may come or a burst may reach its
-        headroom, a tick otherwise."""
+        """Seconds until the next look: fine while a cliff or the burst's headroom may come."""
         if self.mode != PLAN:
             return FINE_TICK_S
         if self.planner.rate() != 0:
@@ -217,9 +185,8 @@ class SaveController(SaveReadings):
         room, rate = self.planner.burst_left(), max(self.fast or 0.0, self._peak_rate())
         if not math.isfinite(room) or rate <= 0:
             return TICK_S
-        # Half the time the burst could take to reach its headroom, at the fastest the drive
-        # took bytes lately: a drive (or a throttle) that takes a burst in lumps faster than
-        # its mean would otherwise run a lump past it between two looks.
+        # Half the time to the headroom at the fastest the drive took bytes lately: a drive
+        # that takes bytes in lumps would otherwise run a lump past it between two looks.
         return min(TICK_S, max(0.002, room / (2 * rate)))
 
     def finish(self, seconds: float, done: float, drive: Optional[float] = None) -> SaveRecord:
@@ -237,21 +204,18 @@ class SaveController(SaveReadings):
                 rec.drain, rec.drain_how = self._since_full(tail.seconds, tail.drive), MEASURED
                 rec.drain_from = "refill"
             else:
-                # Out of the cliff and no cliff since (but for the last slice, which could
-                # hide one): the cache holds no more than when it was full, so the drive
-                # drained at least as fast as it took bytes since.
+                # Out of the cliff and no cliff since: the drive drained at least as fast as
+                # it took bytes since the cache was full.
                 rec.drain = self._since_full(self._last_clear(seconds))
                 rec.drain_how = LOWER_BOUND
         if self.mode in (BURST, REFILL) and self._run_from == 0.0 and (
                 not rec.cliffs or rec.cliffs == [tail]):
             # Unpaced from the start: the drive's new-file rate, up to a cliff in the last
-            # requests (without it a model has no rate to assume a drain from, and a cache
-            # sized by no drain at all).
+            # requests ...
             rec.fast_rate = rec.fast_rate or self._run_rate(tail.seconds if tail else seconds)
             if tail is not None and rec.fast_rate and not rec.post_cache_rate:
-                # ... and in it, as closely as its last slice shows (below half the rate
-                # before, the rule that found it): else the drain is assumed at the slow end
-                # of all drives, and no test may ever find it faster.
+                # ... and in it, as its last slice shows (a model without it assumes the
+                # slowest drain, and no test could find it faster).
                 post = rate_between(self.looks, tail.seconds, seconds)
                 rec.post_cache_rate = min(post, CLIFF_SHARE * rec.fast_rate) or None
         if not rec.cliffs and self.model.has_cliff and self.fast:
@@ -281,8 +245,6 @@ class SaveController(SaveReadings):
 
     def _burst(self, seconds: float, done: float) -> None:
         if not self.fast and seconds - self._run_from >= HOLD_S:
-            # The drive's rate seen: paced far above it from here (pace()), so that few
-            # bytes are in flight when the cliff comes.
             self.fast = self._run_rate(seconds)
         cliff = self._cliff_unpaced(seconds)
         if cliff is not None:
@@ -313,15 +275,12 @@ class SaveController(SaveReadings):
             self._met(cliff, seconds)
 
     def _judge_probe(self, seconds: float, out: bool = False) -> bool:
-        """Whether the refill's first bytes ran out of the cliff (at ``OUT_SHARE`` of the
-        new-file rate or faster; ``out``: known from the reads); if not, back to pausing."""
-        # Past the first slice's burst, where the refill ran that long; a refill that ended
-        # first is judged by its bytes alone (its rate holds the burst).
+        """Whether the refill's first bytes, past the first slice's burst, ran out of the cliff
+        (``out``: the reads showed it); if not, back to pausing."""
         quick = seconds - self._since >= SLICE_S + PROBE_S and rate_between(
             self.looks, self._since + SLICE_S, seconds) >= OUT_SHARE * (self.fast or 0.0)
         if not out and not quick and not self._ran_out_first():
-            # Still in the cliff: fold some more. The probe may have filled the cache again:
-            # its end is another moment the cache may have been full.
+            # Still in the cliff: the probe's end is another moment the cache may be full.
             self._pause_s *= PAUSE_GROWTH
             self._anchors.append(self.looks[-1])
             self._enter(PAUSE, seconds)
@@ -331,26 +290,23 @@ class SaveController(SaveReadings):
         return True
 
     def _note_exit(self, at: float) -> None:
-        """The drive was out of its cliff at ``at`` seconds: how long after the first anchor,
-        and the bytes it took meanwhile (the margin it needed is at most what it freed)."""
+        """The drive was out of its cliff at ``at``: how long after the first anchor, and the
+        bytes it took meanwhile (the margin it needed is at most what it freed)."""
         first = self._anchors[0]
-        self._exit_s = self.record.exit_s = at - first[0]
-        self._exit_bytes = self.record.exit_bytes = bytes_at(self.looks, at, DRIVE) - first[DRIVE]
+        self.record.exit_s = at - first[0]
+        self.record.exit_bytes = bytes_at(self.looks, at, DRIVE) - first[DRIVE]
 
     def _reads_show_out(self, seconds: float) -> bool:
-        """Whether reads the drive held back while it folded (since the last cliff) are quick
-        again, once the stop has lasted ``MIN_PAUSE_S``: the drive has left its cliff, now."""
+        """Whether reads held back since the last cliff are quick again, once the stop has
+        lasted ``MIN_PAUSE_S``: the drive has left its cliff."""
         self._reads_held = self._reads_held or self.reads.slowed()
         return self._reads_held and seconds - self._since >= MIN_PAUSE_S and self.reads.quick()
 
     def _ran_out_first(self) -> bool:
-        """Whether the refill ran out of the cliff (and met it again within its probe): from
-        its start it ran at ``OUT_SHARE`` of the new-file rate or faster for more bytes than
-        the drive takes in its cliff over two slices (the slice in progress and the next,
-        which a throttle or a drive may bring at once) and the pause before it, where a
-        throttle may credit it (one of ``CREDITED_IDLE_S`` or less; a longer one starts a
-        fresh slice, which the two count), by a post-cache rate read up to its noise
-        (``RATE_NOISE``) low."""
+        """Whether the refill ran out of the cliff and met it again within its probe: from its
+        start at ``OUT_SHARE`` of the new-file rate or faster for more bytes than the drive
+        takes in its cliff over two slices (which may come at once) and a credited pause, by
+        a post-cache rate read up to its noise low."""
         if not (self.fast and self.post and self._anchors):
             return False
         idle = max(0.0, self._since - self._anchors[-1][0])
@@ -366,7 +322,6 @@ class SaveController(SaveReadings):
     def _pause(self, seconds: float, done: float) -> None:
         self._hold_anchor(done)
         if self._reads_show_out(seconds):
-            # The refill starts out of the cliff (no probe into it).
             self._enter(REFILL, seconds)
             self._judge_probe(seconds, out=True)
         elif (seconds - self._anchors[-1][0] >= min(self._pause_s, MAX_STOP_S) and
@@ -377,13 +332,12 @@ class SaveController(SaveReadings):
         self._hold_anchor(done)
         cache = self._cache()
         margin = self._margin(cache)
-        # The cache was full at the anchor and only drains since: out of the cliff once it
-        # has freed the margin the drive was seen to need, or once the reads it held back
-        # are quick again (it left its cliff then, whatever the margin and the drain).
+        # Full at the anchor: out of the cliff once the drive freed its margin since, or once
+        # the reads it held back are quick again.
         anchor = self._anchors[-1]
         freed = (self.drain or 0.0) * (seconds - anchor[0]) - (self.looks[-1][2] - anchor[2])
         out = self._reads_show_out(seconds)
-        if out and self._exit_s is None:
+        if out and self.record.exit_s is None:
             self._note_exit(seconds)
         if out or freed >= margin or self._out_of_time(seconds) or \
                 seconds - self._since > MAX_STOP_S:
@@ -419,15 +373,11 @@ class SaveController(SaveReadings):
         self._first = self._first or cliff
         if cliff.shown_by == "writes" and (self.mode in (BURST, REFILL) or
                                            self.mode in (TEST, REPEAT) and not self._steady):
-            # Met unpaced: the drive's own rates before and in its cliff (a paced tail's
-            # are the pace's and the recovery's).
+            # Met unpaced: the drive's own rates before and in its cliff.
             rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
             self.fast = rec.fast_rate or self.fast
-            # Past the first of the throttle's (or the drive's) slices in the cliff, which
-            # still brings a slice's worth at once. That window spans one slice, counted to
-            # its edges (the looks inside it span less, and a step's bytes over that read
-            # high), and holds from a fraction of a slice's bytes to two slices' worth
-            # (EMPTY_WINDOW_SHARE: where it caught next to none).
+            # Past the cliff's first slice (still a slice's worth at once), over one slice
+            # counted to its edges (the looks inside span less and read a step high).
             whole = rate_between(self.looks, cliff.seconds, seconds)
             start = min(cliff.seconds + SLICE_S, seconds - SLICE_S)
             post = (bytes_at(self.looks, seconds) - bytes_at(self.looks, start)) / (
@@ -436,32 +386,28 @@ class SaveController(SaveReadings):
                 post = whole
             post = post or rate_between(self.looks, seconds - HOLD_S, seconds)
             if post > 0:
-                # In its cliff a drive writes below half its rate before (the rule that found
-                # the cliff): a short hold that read more took a slice's burst or the
-                # requests still in flight for the drive's pace.
+                # Below half the rate before, the rule that found the cliff: more is a
+                # slice's burst or requests still in flight.
                 rec.post_cache_rate = self.post = min(post, CLIFF_SHARE * (self.fast or post))
         ref = self.model.cliff
         if cliff is self._first and self.mode in (PLAN, TEST, REPEAT) and ref is not None and \
                 self.fast:
-            # A planned save met the cliff the model sized: against the one the model holds,
-            # it tells the drain.
+            # Against the cliff the model holds, the one a planned save met tells the drain.
             drain, how = self._two_cliffs(ref, cliff)
             if drain is not None and rec.drain_how != MEASURED:
                 rec.drain, rec.drain_how, rec.drain_from = drain, how, "two cliffs"
                 if how == MEASURED:
                     self.drain = drain
         if rec.drain_how != MEASURED:
-            # Until the refill reads it, the drain is the slow end of drives: a model being
-            # measured, or just contradicted, may be wrong either way (where it was planning
-            # and a slower drain was known, that one).
+            # Until the refill reads it, the slow end of drives (or a slower drain a plan
+            # knew): a model being measured, or just contradicted, may be wrong either way.
             assumed = assumed_drain(self.post, self.fast) or assumed_drain(
                 None, rate_between(self.looks, self._run_from, cliff.seconds))
             self.drain = min(self.drain, assumed) if self.drain and assumed and \
                 cliff.during == PLAN else (assumed or self.drain)
         self._anchors, self._reads_held = [], False
-        # Measured against the model's cliff already, or met by a test (whose pace it bounds:
-        # a refill would hold the drive in its cliff again), the save recovers and plans the
-        # rest; else it pauses and reads the drain from the refill.
+        # Measured off two cliffs, or met by a test (a refill would hold the drive in its
+        # cliff again): recover and plan; else pause and read the drain from the refill.
         self._pause_s = 0.0 if rec.drain_how == MEASURED or cliff.during == TEST \
             else self._pause_for(seconds)
         self._enter(PAUSE if self._pause_s > 0 else RECOVER, seconds)
@@ -477,23 +423,20 @@ class SaveController(SaveReadings):
 
     def _pause_for(self, seconds: float) -> float:
         """Seconds to pause before the refill: as long as the bytes left allow a refill to
-        its cliff and a hold in it (a longer span reads the drain closer, and a drive leaves
-        its cliff only once it has freed its margin), but short of draining the cache whole
-        at the fastest drain to expect (0: too few bytes for a reading)."""
+        its cliff and a hold in it (a longer span reads the drain closer, and frees the
+        margin), short of emptying the cache at the fastest drain (0: no reading)."""
         left = self.total - self.looks[-1][1] - self.lead
         if self.deadline is not None or not self.post or not self.fast or left <= 0:
             return 0.0
         # A pause of p fills back after d * p * fast / (fast - d) bytes at a drain d (guessed
-        # at the post-cache rate, the middle of drives), then the cliff is confirmed at the
-        # post-cache rate.
+        # at the post-cache rate, the middle of drives), then a hold at the post-cache rate.
         guess = min(self.post, 0.9 * self.fast)
         per_second = guess * self.fast / (self.fast - guess)
         pause = (left - self.post * (HOLD_S + SLICE_S)) / per_second
         if self._first is not None:
             fastest = min(FASTEST_DRAIN_SHARE * self.post, 0.9 * self.fast)
             pause = min(pause, 0.8 * self._cache_by(guess) / fastest)
-        # Too few bytes to reach the cliff again: the least pause, then the rest unpaced,
-        # bounds the drain closest (the bytes over the fewest seconds).
+        # Too few bytes to reach the cliff again: the least pause bounds the drain closest.
         return max(pause, MIN_PAUSE_S)
 
     def _out_of_time(self, seconds: float) -> bool:

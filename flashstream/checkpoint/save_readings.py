@@ -1,12 +1,7 @@
-"""What a ``rate="auto"`` save's looks show of the drive, for its controller
-(save_control.py): a cliff in an unpaced run, under a pace or in the reads beside it, and where
-it began; the rates the drive took; the drain since a moment the cache was full; the cache and
-its margin by the drain; the cache's fill at the end.
-
-:class:`SaveReadings` is the controller's half that only reads: it holds no state of its own and
-reads the controller's (``looks``, ``reads``, ``mode``, ``fast``, ``post``, ``drain``,
-``model``, ``start_fill``, ``planner``, the current run's start ``_run_from`` and pace
-``_steady``, the anchors, the first cliff, the test's schedule).
+"""What a ``rate="auto"`` save's looks show of the drive: a cliff (unpaced, under a pace, in
+the reads) and where it began; the drive's rates; the drain since the cache was full; the cache
+and its margin by the drain; the fill at the end. :class:`SaveReadings` is the controller's
+(save_control.py) half that only reads its state.
 """
 
 from __future__ import annotations
@@ -32,28 +27,23 @@ from .save_record import BURST, PLAN, REFILL, REPEAT, TEST, SeenCliff
 __all__ = ["POSSIBLE_DRAIN_SHARE", "SaveReadings"]
 
 #: A drain reading at or above this share of the new-file rate is no drive's: one that folds
-#: as fast as it writes has no cliff (the rest is the new-file rate's noise, a tenth).
+#: as fast as it writes has no cliff (the rest is the rate's noise, cliff_watch.RATE_NOISE).
 POSSIBLE_DRAIN_SHARE = 0.9
 
 
 class SaveReadings:
-    """The reading half of :class:`~flashstream.checkpoint.save_control.SaveController`
-    (see the module docstring)."""
+    """The reading half of :class:`~flashstream.checkpoint.save_control.SaveController`."""
 
     def _possible(self, drain: Optional[float]) -> bool:
-        """Whether a drain reading can be a drive's: positive, and short of what it takes into
-        its cache by more than its noise (one that folds as fast as it writes has no cliff;
-        such a reading placed a moment wrong)."""
+        """Whether a drain reading can be a drive's (``POSSIBLE_DRAIN_SHARE``)."""
         return bool(drain) and drain > 0 and drain < POSSIBLE_DRAIN_SHARE * (self.fast or math.inf)
 
     def _two_cliffs(self, ref: ReferenceCliff, cliff: SeenCliff
                     ) -> Tuple[Optional[float], Optional[str]]:
-        """The drain read off the model's cliff and this one, and how it is known. Each cliff
-        is placed to within its spread (cliff_watch.placed) along the write that met it, which
-        moves the reading by that many seconds of the write's rate over the drain, over the
-        seconds between the two: within the share of the drain the plans leave spare
-        (``1 - sustain``), measured; beyond, the reading less that error bounds the drain from
-        below (None: not even that)."""
+        """The drain read off the model's cliff and this one, and how it is known. Each cliff's
+        spread moves the reading by that many seconds of the write's rate over the drain, over
+        the seconds between them: within the drain's share plans leave spare (``1 -
+        sustain``), measured; beyond, less that error, a lower bound (None: not even that)."""
         drain = ref.drain_to(cliff.seconds, cliff.drive, self.start_fill, self.fast)
         if not self._possible(drain):
             return None, None
@@ -66,44 +56,36 @@ class SaveReadings:
         return (drain - error, LOWER_BOUND) if drain > error else (None, None)
 
     def _cliff_unpaced(self, seconds: float) -> Optional[SeenCliff]:
-        """The cliff in an unpaced run: its last hold below half its rate before."""
-        # An unpaced run is held to what the drive was seen to take unpaced (less its
-        # noise): one that never ran that fast is in its cliff from its start.
+        """The cliff in an unpaced run, held to the rate the drive was seen to take unpaced
+        less its noise (a run never that fast is in its cliff from its start)."""
         floor = 0.9 * self.fast if self.fast else 0.0
         low_from = dropped(self.looks, self._run_from, seconds, floor)
         return None if low_from is None else self._seen(low_from, "writes")
 
     def _cliff_planned(self, seconds: float) -> Optional[SeenCliff]:
         """A cliff the plan did not predict: an unpaced stretch dropping, a pace the drive
-        fell short of, or reads slowing. ``_run_from`` is when the pace last changed by more
-        than a tenth (or went from paced to unpaced): the stretch whose straight line the
-        cliff bends."""
+        fell short of, or reads slowing. A run starts where the pace changed by a tenth."""
         low_from = seconds - HOLD_S
         pace = self.planner.rate()
-        # Reads queue behind an unpaced write's large requests by themselves: they show the
-        # cliff only beside a paced write (short requests, time to spare) or none.
         if pace > 0 and self._steady > 0 and self.reads.slowed():
             return self._seen(low_from, "reads")
         if (pace == 0) != (self._steady == 0) or abs(pace - self._steady) > 0.1 * self._steady:
             self._new_run(self.looks[-2][0], pace)
         if pace == 0:
             return self._cliff_unpaced(seconds)
-        # A pace the cache takes at ease shows a cliff as a shortfall; one the drive takes in
-        # its cliff too (at or below the post-cache rate) does not.
+        # A pace at or below the post-cache rate shows no shortfall in the cliff.
         if low_from < self._run_from or (self.post and pace <= 1.1 * self.post):
             return None
         return self._short_of(min(pace, self.fast or pace), low_from, seconds)
 
     def _new_run(self, changed: float, pace: float) -> None:
-        """A run at ``pace`` (0: unpaced) from ``changed``, when the pace changed. A paced run
-        is judged from a slice later: the throttle's (or the drive's) slice the run before it
-        spent holds its first requests up to a slice, which a shortfall would read as a
-        cliff."""
+        """A run at ``pace`` (0: unpaced) from ``changed``; a paced one judged from a slice on
+        (the slice the run before it spent holds its first requests up to a slice)."""
         self._run_from, self._steady = changed + (SLICE_S if pace else 0.0), pace
 
     def _cliff_tested(self, seconds: float, bursting: bool) -> Optional[SeenCliff]:
         """A cliff in a test's (or a repeat's) schedule: in its burst as in any unpaced run;
-        in its paced tail, the write falling short of the pace or the reads slowing."""
+        in its paced tail, the write falling short or the reads slowing."""
         low_from = seconds - HOLD_S
         if not bursting and low_from >= self._run_from and self.reads.slowed():
             return self._seen(low_from, "reads")  # beside the paced tail only
@@ -112,16 +94,16 @@ class SaveReadings:
         return self._short_of(self._steady, low_from, seconds)
 
     def _short_of(self, pace: float, low_from: float, seconds: float) -> Optional[SeenCliff]:
-        """The cliff shown by a paced write completing under ``SHORTFALL`` of ``pace`` since
-        ``low_from`` (not stalling: a stall is the disk's, not the cliff)."""
+        """The cliff shown by a paced write under ``SHORTFALL`` of ``pace`` since ``low_from``,
+        not stalling."""
         if rate_between(self.looks, low_from, seconds) < SHORTFALL * pace and \
                 not stalled(self.looks, low_from):
             return self._seen(low_from, "writes")
         return None
 
     def _seen(self, low_from: float, shown_by: str) -> SeenCliff:
-        """The cliff confirmed low from ``low_from``, placed where it began (cliff_watch.onset:
-        the write fell from its pace, or, unpaced, from midway between the drive's rates)."""
+        """The cliff confirmed low from ``low_from``, placed where the write fell from its pace
+        (unpaced: from midway between the drive's rates)."""
         pace = self.pace() if self.mode in (PLAN, TEST, REPEAT) and self._steady else 0.0
         above = SHORTFALL * pace if pace else 0.5 * ((self.fast or 0.0) + (self.post or 0.0))
         at, spread = placed(self.looks, low_from, self._run_from, above) \
@@ -130,24 +112,20 @@ class SaveReadings:
                          shown_by, self.mode, spread)
 
     def _since_full(self, seconds: float, drive: Optional[float] = None) -> Optional[float]:
-        """The drive's bytes over the seconds from a moment its cache was full to
-        ``seconds`` (its counter then: ``drive``): the least over the anchors. Measured to a
-        cliff it is the drain, from the anchor at which the cache really was full (a later
-        one, where a probe in the cliff did not fill it again, and an earlier one, where it
-        did, read high); to a moment out of the cliff, a lower bound."""
+        """The drive's bytes/s from a moment its cache was full to ``seconds`` (its counter
+        then: ``drive``), the least over the anchors (the one it really was full at; the
+        others read high). To a cliff, the drain; to a moment out of it, a lower bound."""
         drive = bytes_at(self.looks, seconds, DRIVE) if drive is None else drive
         rates = [(drive - a[DRIVE]) / (seconds - a[0]) for a in self._anchors if seconds > a[0]]
         return min(rates) if rates else None
 
     def _last_clear(self, seconds: float) -> float:
         """The latest moment a write out of its cliff is known to have stayed out: a slice
-        before ``seconds`` (a cliff may have begun within it, unseen by the tail check), or
-        the refill's start."""
+        before ``seconds`` (an unseen cliff may lie in it), or the refill's start."""
         return max(seconds - SLICE_S, self._since)
 
     def _tail_cliff(self, seconds: float) -> Optional[SeenCliff]:
-        """A cliff in a write's last requests, too near its end to last a hold: its last
-        ``SLICE_S`` below half its unpaced rate before, or short of its pace."""
+        """A cliff in a write's last ``SLICE_S``, too near its end to last a hold."""
         if self.mode not in (BURST, REFILL, TEST, REPEAT, PLAN) or (
                 self.mode == REFILL and not self._probed):
             return None
@@ -164,11 +142,10 @@ class SaveReadings:
         return self._seen(start, "writes") if low else None
 
     def _clear_of(self, ref, end: float) -> Optional[float]:
-        """The least drain under which the save, from its start fill, never met the cliff the
-        model holds, placed as late as it may have come: each look's bytes would have met it
-        under a slower one. (Not the last hold, which could hide a cliff not yet seen.)"""
+        """The least drain under which the save never met the model's cliff, placed as late
+        as it may have come (not over the last slice, which could hide a cliff)."""
         best = None
-        ref = ref.latest(self.fast or 0.0, spread_of(ref))  # the cache as large as its cliff allows
+        ref = ref.latest(self.fast or 0.0, spread_of(ref))
         looks = [lk for lk in self.looks if lk[0] <= end - SLICE_S]
         for seconds, _done, drive in looks[::5] + looks[-1:]:
             drain = ref.drain_to(seconds, drive, self.start_fill, self.fast, bound=True)
@@ -187,8 +164,9 @@ class SaveReadings:
     def _margin(self, cache: float) -> float:
         """Bytes the drive frees before it leaves its cliff: at most what it had freed when
         this save saw it out, else the model's."""
-        if self._exit_s is not None and self.drain:
-            return min(cache, max(0.0, self.drain * self._exit_s - self._exit_bytes))
+        rec = self.record
+        if rec.exit_s is not None and self.drain:
+            return min(cache, max(0.0, self.drain * rec.exit_s - rec.exit_bytes))
         return self.model.margin if self.model.has_cliff else ASSUMED_CLIFF_MARGIN * cache
 
     def _run_rate(self, until: float) -> Optional[float]:

@@ -56,6 +56,4 @@ class SaveRecord:
 
 def describe(record: SaveRecord) -> Dict[str, object]:
     """The record as plain values, for the save's report."""
-    out = dataclasses.asdict(record)
-    out["cliffs"] = [dataclasses.asdict(c) for c in record.cliffs]
-    return out
+    return dataclasses.asdict(record)

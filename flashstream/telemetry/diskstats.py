@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 
 import psutil
 
-__all__ = ["DiskDelta", "DiskSampler", "disk_bytes_written", "disk_counters"]
+__all__ = ["DiskDelta", "DiskSampler", "disk_bytes_written", "disk_counters", "write_read_counters"]
 
 
 def disk_counters(name: Optional[str]):
@@ -20,14 +20,21 @@ def disk_counters(name: Optional[str]):
     return psutil.disk_io_counters(perdisk=True, nowrap=True).get(name)
 
 
-def disk_bytes_written(name: Optional[str]) -> Optional[int]:
-    """Bytes the disk ``name`` has completed writing, from every process; None where the disk
-    is unknown or not listed (a container without /proc/diskstats, a network file system)."""
+def write_read_counters(name: Optional[str]) -> Optional[Tuple[int, int, int]]:
+    """The disk ``name``'s bytes written, reads completed and ms spent reading, from every
+    process; None where the disk is unknown or not listed (a container without
+    /proc/diskstats, a network file system)."""
     try:
-        counters = disk_counters(name)
+        c = disk_counters(name)
     except (OSError, NotImplementedError):  # psutil without /proc/diskstats nor /sys/block
         return None
-    return None if counters is None else int(counters.write_bytes)
+    return None if c is None else (int(c.write_bytes), int(c.read_count), int(c.read_time))
+
+
+def disk_bytes_written(name: Optional[str]) -> Optional[int]:
+    """Bytes the disk ``name`` has completed writing, from every process (None: unknown)."""
+    counters = write_read_counters(name)
+    return None if counters is None else counters[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,24 +1,19 @@
 """A drive's write model: what ``rate="auto"`` knows of an SLC-cache drive, learned only from
-what the drive showed to the saves themselves (checkpoint/drive_learning.py) or to an explicit
-``flashstream probe --sustained``.
-
-Each figure is a physical quantity of the drive:
+what the drive showed to the saves (checkpoint/drive_learning.py) or to ``flashstream probe
+--sustained``. Each figure is a physical quantity of the drive:
 
 - ``fast_rate``: bytes/s the drive takes while its cache has room;
 - ``post_cache_rate``: bytes/s it takes once the cache is full (in its cliff);
 - ``drain_rate``: bytes/s the cache frees while the drive folds;
 - the cache, as the cliff that showed it (:class:`ReferenceCliff`): a write from a known fill
-  met the cliff after so many bytes and seconds. The cache's size by a drain ``d`` is then
-  ``start_fill + bytes - d * seconds``, so the size and the drain the plans count on err
-  together: a drain read low sizes the cache high by what it missed over those seconds, and a
-  plan that bursts from an empty cache to the size and then paces at the drain stays on the
-  right side of the cliff that was seen (docs/checkpoint.md, "why a cache sized by the drain");
+  met the cliff after so many bytes and seconds, so the cache's size by a drain ``d`` is
+  ``start_fill + bytes - d * seconds``: the size and the drain err together, and a plan by
+  them stays on the right side of the cliff seen (docs/checkpoint.md);
 - ``cliff_margin``: the bytes the cache had freed when the drive was last seen out of its
-  cliff again (at most): a drive leaves its cliff only once folding has freed a margin.
+  cliff (at most): a drive leaves its cliff only once folding has freed a margin.
 
-A figure carries how it is known (:class:`Evidence`): *measured*, a *lower bound* (the drive
-took at least that much), or *assumed*; and when. One JSON file per device lives beside the
-probe cache; ``flashstream probe`` shows it.
+Each figure carries how it is known (:class:`Evidence`: measured, a lower bound, assumed) and
+when. One JSON file per device lives beside the probe cache; ``flashstream probe`` shows it.
 """
 
 from __future__ import annotations
@@ -35,18 +30,16 @@ from .device import device_of
 from .probe import default_cache_dir, device_ident, new_file_write
 
 __all__ = ["ASSUMED", "ASSUMED_DRAIN_SHARE", "LOWER_BOUND", "MEASURED", "ClearSchedule",
-           "DriveModel", "StartFill",
-           "assumed_drain",
-           "Evidence", "ReferenceCliff", "left_after_folding", "load_model", "model_path",
-           "remembered_write_rate"]
+           "DriveModel", "Evidence", "ReferenceCliff", "StartFill", "assumed_drain",
+           "left_after_folding", "load_model", "model_path", "remembered_write_rate"]
 
 MODEL_VERSION = 3
 MEASURED, LOWER_BOUND, ASSUMED = "measured", "lower bound", "assumed"
 #: Without a reading, the cache is assumed to drain at this share of the post-cache rate: the
 #: slow end of the drives in docs/emulation.md's family (50-160%), so the guess errs safe.
 ASSUMED_DRAIN_SHARE = 0.5
-#: ... and, without a post-cache rate either, at this share of the new-file rate: half the
-#: slowest post-cache rate of the same family (15% of the new-file rate).
+#: ... and, without a post-cache rate, at this share of the new-file rate: half the family's
+#: slowest post-cache rate (15% of the new-file rate).
 ASSUMED_FAST_DRAIN_SHARE = 0.075
 #: Without a sighting, the drive is assumed to leave its cliff only once folding has freed this
 #: share of its cache: the widest margin in docs/emulation.md's family.
@@ -67,15 +60,14 @@ def assumed_drain(post_cache_rate: Optional[float], fast_rate: Optional[float]
 
 
 def left_after_folding(fill: float, rate: float, seconds: float) -> float:
-    """Bytes left in a write cache holding ``fill`` after folding at ``rate`` for ``seconds``
-    (the one arithmetic the model, the planner and the emulator share)."""
+    """Bytes left in a cache holding ``fill`` after folding at ``rate`` for ``seconds`` (the
+    model, the planner and the emulator share it)."""
     return max(0.0, fill - rate * max(0.0, seconds))
 
 
 @dataclasses.dataclass
 class Evidence:
-    """How a figure was learned: ``how`` (measured, lower bound, assumed), ``source`` (which
-    save or probe) and ``at`` (time.time())."""
+    """How a figure was learned: ``how``, ``source`` (save or probe), ``at`` (time.time())."""
 
     how: str
     source: str
@@ -100,10 +92,8 @@ class StartFill:
 
 @dataclasses.dataclass
 class ReferenceCliff:
-    """A cliff met by a write after ``seconds`` in which the drive took ``bytes``. The write
-    began with the cache holding ``fill`` bytes ``before`` seconds earlier, less what drained
-    since, plus ``since`` bytes the drive took meanwhile: a fill that depends on the drain
-    (:meth:`start_fill`; 0 for a write from a cache known empty)."""
+    """A cliff met by a write after ``seconds`` in which the drive took ``bytes``, from a start
+    fill by the drain (``fill``, ``since``, ``before`` as in :class:`StartFill`)."""
 
     seconds: float
     bytes: float
@@ -120,20 +110,16 @@ class ReferenceCliff:
         return max(MIN_CACHE, self.start_fill(drain) + self.bytes - drain * self.seconds)
 
     def latest(self, rate: float, spread: float) -> ReferenceCliff:
-        """The same cliff as late as its placement allows (``spread`` seconds on, at the
-        write's ``rate``): the largest cache it can show, for a bound that must not overstate
-        the drain."""
+        """The same cliff placed ``spread`` seconds later (at ``rate``): the largest cache it
+        can show, for a bound that must not overstate the drain."""
         return dataclasses.replace(self, seconds=self.seconds + spread,
                                    bytes=self.bytes + spread * rate, spread=0.0)
 
     def drain_to(self, seconds: float, nbytes: float, start_fill: Callable[[float], float],
                  fastest: float, bound: bool = False) -> Optional[float]:
-        """The drain under which a later write that began with ``start_fill(drain)`` in the
-        cache met the same cache's cliff after ``seconds`` and ``nbytes``: both cliffs held
-        the cache full, so ``start_fill(d) + nbytes - d * seconds = cache(d)``. The farther
-        apart in time the two cliffs came, the closer the reading. None where no drain up
-        to ``fastest`` puts it there, or the cliffs came within ``MIN_SPAN_S`` of each other.
-
+        """The drain under which a later write from ``start_fill(drain)`` met the same cliff
+        after ``seconds`` and ``nbytes``: ``start_fill(d) + nbytes - d * seconds = cache(d)``.
+        None where no drain up to ``fastest`` puts it there, or within ``MIN_SPAN_S``.
         ``bound``: the write did not meet the cliff there, so the drain is at least this
         (``fastest`` where even that would not have made it meet the cliff)."""
         if seconds - self.seconds < MIN_SPAN_S:
@@ -156,10 +142,9 @@ class ReferenceCliff:
 
 @dataclasses.dataclass
 class ClearSchedule:
-    """A write the drive took without a cliff: ``burst`` bytes unpaced, then paced at ``pace``
-    bytes/s (0: unpaced throughout), ``total`` bytes in all, from a cache estimated to hold
-    ``start_fill`` (by the model's drain then). Written so again from a cache that holds no
-    more, it stays clear: nothing about the drive needs inferring."""
+    """A write the drive took without a cliff: ``burst`` bytes unpaced, then at ``pace`` bytes/s
+    (0: unpaced throughout), ``total`` in all, from ``start_fill`` in the cache. Written so
+    again from a cache that holds no more, it stays clear: nothing needs inferring."""
 
     burst: float
     pace: float
@@ -167,8 +152,7 @@ class ClearSchedule:
     start_fill: float = 0.0
 
     def covers(self, total: float, fill: float) -> bool:
-        """Whether a write of ``total`` bytes from ``fill`` in the cache is one this schedule
-        took clear: no more bytes, from a cache that holds no more."""
+        """Whether a write of ``total`` bytes from ``fill`` is one this schedule took clear."""
         return self.total >= total and fill <= self.start_fill
 
 
@@ -229,9 +213,8 @@ class DriveModel:
 
     # -- the cache estimate ----------------------------------------------------------------
     def fill_at(self, when: Optional[float] = None, disk: Optional[int] = None) -> float:
-        """Estimated bytes in the cache at ``when`` (default now): the last estimate, plus
-        every byte the drive took since (``disk``, its counter now, where both are known),
-        drained at :attr:`drain` meanwhile. Capped at the cache's size."""
+        """Estimated bytes in the cache at ``when`` (default now): the last estimate, plus what
+        the drive took since (``disk``: its counter now), drained at :attr:`drain`."""
         size = self.cache_size
         if size is None or not (self.fill or self._written_since(disk)):
             return 0.0
@@ -246,17 +229,15 @@ class DriveModel:
         return float(disk - self.fill_disk)
 
     def start_fill(self, when: float, disk: Optional[int]) -> StartFill:
-        """The fill of a write beginning at ``when`` (the drive's counter then: ``disk``),
-        by the drain (0 with no cliff known)."""
+        """The fill of a write beginning at ``when`` (counter ``disk``), by the drain."""
         if self.cliff is None:
             return StartFill()
         return StartFill(self.fill, self._written_since(disk), max(0.0, when - self.fill_time))
 
     def set_full(self, when: float, disk: int) -> None:
-        """The cache was full at ``when`` (the drive's counter then: ``disk``). Its size is
-        the reference cliff's by the drain, ``base - drain * span``: the fill is anchored that
-        many seconds earlier with ``base`` bytes, so that every later fill stays the one
-        function of the drain that the cliff's reading is."""
+        """The cache was full at ``when`` (counter ``disk``): the fill is anchored where the
+        reference cliff's write began, so that every later fill stays the one function of the
+        drain that the cliff's reading is."""
         ref = self.cliff
         if ref is None:
             raise ValueError("a full cache needs a cliff to size it")
@@ -270,7 +251,7 @@ class DriveModel:
 
     # -- persistence and display -----------------------------------------------------------
     def save(self) -> None:
-        """Writes the model to its file atomically (a no-op for a model without a file)."""
+        """Writes the model to its file atomically (none: a no-op)."""
         if not self.path:
             return
         target = Path(self.path)
@@ -281,7 +262,7 @@ class DriveModel:
         os.replace(tmp, target)
 
     def to_dict(self, ages: bool = True) -> Dict[str, object]:
-        """The model as plain values (with each figure's age in seconds where ``ages``)."""
+        """The model as plain values (each figure's age in seconds where ``ages``)."""
         data = {k: v for k, v in dataclasses.asdict(self).items() if k != "path"}
         if ages:
             now = time.time()
@@ -335,8 +316,8 @@ def model_path(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) 
 
 
 def load_model(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) -> DriveModel:
-    """The remembered write model of the drive that holds ``path`` (an empty one if none, or
-    if the file is of another layout: the saves learn the drive again)."""
+    """The remembered write model of the drive that holds ``path`` (empty if none or of
+    another layout: the saves learn the drive again)."""
     target = model_path(path, cache_dir)
     try:
         data = json.loads(target.read_text())
@@ -359,7 +340,7 @@ def load_model(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None) 
 def remembered_write_rate(path: Union[str, os.PathLike], cache_dir: Optional[Path] = None
                           ) -> float:
     """The drive's new-file write bytes/s: remembered, else measured (a 1 GiB write, at most
-    3 s: an explicit measurement, for the emulator's scaling) and remembered."""
+    3 s, for the emulator's scaling) and remembered."""
     model = load_model(path, cache_dir)
     if not model.fast_rate:
         point = new_file_write(path, "1GiB", seconds=3.0)
