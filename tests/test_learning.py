@@ -265,6 +265,23 @@ def test_which_saves_measure_test_repeat_or_plan():
     assert not measure and pace is not None and pace > model.drain
 
 
+def test_a_save_the_drive_took_unpaced_is_repeated_not_measured_again():
+    """A writer's save that found no cliff measured nothing; one like it again has nothing to
+    gain from measuring (it runs at the drive's own rate) and, at the edge of the cache, would
+    meet the cliff as its requests run out: it repeats the schedule, with the margin repeats
+    leave (test_pacing: a repeat at the edge of its bytes)."""
+    model = DriveModel("x", fast_rate=2e9, post_cache_rate=0.5e9, drain_rate=0.3e9,
+                       cliff=ReferenceCliff(0.8, 1.6e9))
+    model.clear = ClearSchedule(3e9, 0.0, 3e9)  # a measuring save of 3 GB met no cliff
+    assert save_kind(model, 3e9, 0.0, deadline=None, measured=False, crossings=0) == (
+        False, None)
+    assert save_kind(model, 3e9, 1e9, deadline=None, measured=False, crossings=0) == (
+        True, None)  # ... from a fuller cache than it was taken clear from: measured
+    model.clear = ClearSchedule(1.3e9, 1.2e9, 3e9)  # a paced one may go faster: measured
+    assert save_kind(model, 3e9, 0.0, deadline=None, measured=False, crossings=0) == (
+        True, None)
+
+
 # -- the family, simulated -----------------------------------------------------------------------
 WRITE_RATE = 2.0e9  # a drive writing about this disk's speed
 SCENARIOS = {"fresh": None, "slow": 0.25, "fast": 4.0}

@@ -221,6 +221,42 @@ def test_a_drive_seen_for_the_first_time_is_measured_from_the_first_byte():
     assert roomy.mode == REPEAT and roomy.pace() == 2e9  # paced far above the drive
 
 
+def test_a_schedule_taken_unpaced_at_the_edge_of_its_bytes_is_repeated_with_a_margin():
+    """Taken clear unpaced, a save may have ended at its cliff with its last requests (the
+    drive then sits in it until it frees its margin, unseen by the write): written again
+    with no bytes to spare, it runs at the sustained share of the new-file rate from its
+    start, as a paced schedule repeats at that share of its pace."""
+    clear = ClearSchedule(4e9, 0.0, 4e9)
+    edge = SaveController(_model(fast_rate=1e9, clear=clear), total=4e9,
+                          start_fill=lambda d: 0.0)
+    sustain = edge.settings.sustain
+    assert edge.mode == REPEAT and edge.pace() == pytest.approx(sustain * 1e9)
+    spare = SaveController(_model(fast_rate=1e9, clear=clear), total=sustain * 4e9,
+                           start_fill=lambda d: 0.0)
+    assert spare.pace() == 2e9  # unpaced: that share of the bytes is the margin
+
+
+def test_a_repeat_near_the_new_file_rate_is_judged_as_the_unpaced_run_it_repeats():
+    """Falling a fifth short of a pace that near the drive's own rate is the drive's noise
+    (seen on the emulator: a false cliff, and a fresh model then planned at the slowest drain,
+    12 x the shortest save); its cliff is a drop as in an unpaced run, which then reads the
+    post-cache rate (for the refill), not the new-file rate (the pace's)."""
+    ctl = SaveController(_model(fast_rate=1e9, clear=ClearSchedule(4e9, 0.0, 4e9)),
+                         total=4e9, start_fill=lambda d: 0.0)
+    t = done = 0.0
+    for rate, steps in ((0.7e9, 40), (0.25e9, 20)):  # 0.8 s short of the pace, then the cliff
+        for _ in range(steps):
+            t, done = t + 0.02, done + rate * 0.02
+            ctl.look(t, done)
+        if rate > 0.5e9:
+            assert ctl.mode == REPEAT and not ctl.record.cliffs
+    assert len(ctl.record.cliffs) == 1 and ctl.record.cliffs[0].seconds == pytest.approx(
+        0.8, abs=0.05)
+    assert ctl.record.fast_rate is None
+    assert ctl.record.post_cache_rate == pytest.approx(0.25e9, rel=0.1)
+    assert ctl.mode == PAUSE  # the drain is read from the refill
+
+
 def _measuring_save(total, *, fast, post, drain, cache, margin, stepped=False, look=0.0205):
     """A measuring save on a clock-free drive (stepped every millisecond), looked at every
     ``look`` seconds (the controller's fine tick, off the throttle's slices): unpaced at

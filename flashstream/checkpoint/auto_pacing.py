@@ -174,7 +174,8 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
     """How the next save learns the drive: (measure, test pace).
 
     - A drive with no cliff known that may not take the save clear: measure.
-    - A save the model says needs no pacing, or with a deadline: plan.
+    - A save the model says needs no pacing, one the drive took clear unpaced (nothing to
+      gain), or with a deadline: plan (or repeat).
     - The first such save of a writer: measure (a model learned elsewhere, or earlier, may be
       wrong either way however recent; only a cliff tells).
     - While the drain is not measured (or read below the slow end of drives): test a faster
@@ -184,7 +185,10 @@ def save_kind(model: DriveModel, capacity: float, fill: float, *, deadline: Opti
       drain from above (the next halves the distance); the drain known stays."""
     if model.cliff is None:
         return model.clear is None or model.clear.total < capacity, None
-    if deadline is not None or fill + capacity <= settings.headroom * model.cache_size:
+    unpaced_clear = model.clear is not None and not model.clear.pace and \
+        model.clear.covers(capacity, fill)
+    if deadline is not None or unpaced_clear or \
+            fill + capacity <= settings.headroom * model.cache_size:
         return False, None
     if not measured:
         return True, None
@@ -227,10 +231,11 @@ def repeated_seconds(model: DriveModel, clear: ClearSchedule, capacity: float,
                      settings: PlanSettings = DEFAULT_SETTINGS) -> float:
     """Seconds a save of ``capacity`` bytes takes written as ``clear`` was, repeated."""
     fast = model.fast_rate or math.inf
-    if not clear.pace:
+    burst, pace = settings.repeat(clear, capacity, model.fast_rate)
+    if not pace:
         return capacity / fast
-    burst = min(clear.burst, capacity)
-    return burst / fast + (capacity - burst) / settings.repeat_pace(clear.pace)
+    burst = min(burst, capacity)
+    return burst / fast + (capacity - burst) / pace
 
 
 def planned_seconds(model: DriveModel, drain: float, capacity: float,

@@ -22,7 +22,7 @@ import dataclasses
 import math
 from typing import List, Optional, Tuple
 
-from ..telemetry.drive_model import left_after_folding
+from ..telemetry.drive_model import ClearSchedule, left_after_folding
 
 __all__ = ["DEADLINE_POLICIES", "DEFAULT_SETTINGS", "CachePlanner", "PlanSettings"]
 
@@ -61,10 +61,16 @@ class PlanSettings:
             raise ValueError(f"deadline_policy must be one of {', '.join(DEADLINE_POLICIES)}; "
                              f"got {self.deadline_policy!r}")
 
-    def repeat_pace(self, pace: float) -> float:
-        """The pace a schedule taken clear at ``pace`` is repeated at: its sustained share (a
-        cliff in the last slice of the save that took it clear would have passed unseen)."""
-        return self.sustain * pace
+    def repeat(self, clear: ClearSchedule, total: float, fast: Optional[float]
+               ) -> Tuple[float, float]:
+        """How a save of ``total`` bytes repeats a schedule taken clear: (bytes unpaced, then
+        the pace; 0: unpaced throughout). The pace is the sustained share of the one it was
+        taken at (a cliff in its last slice would have passed unseen); a schedule taken
+        unpaced throughout, from its start at that share of the new-file rate ``fast``,
+        unless the save has that share of its bytes to spare."""
+        if clear.pace or not fast or total <= self.sustain * clear.total:
+            return clear.burst, self.sustain * clear.pace
+        return 0.0, self.sustain * fast
 
 
 DEFAULT_SETTINGS = PlanSettings()

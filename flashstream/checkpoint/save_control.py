@@ -128,6 +128,7 @@ class SaveController(SaveReadings):
         self._slo_next = 0.0
         self._test_until = self._test_pace = 0.0
         self._reads_held = False  # reads were seen held back since the last cliff
+        self._judged_unpaced = False
         fill = start_fill(self.drain or 0.0)
         clear = model.clear
         if measure or not model.has_cliff and (clear is None or clear.total < total):
@@ -141,8 +142,11 @@ class SaveController(SaveReadings):
             self._test_pace = self.record.test_pace = test
             self._enter(TEST, 0.0)
         elif clear is not None and clear.covers(total, fill):
-            self._test_until = clear.burst
-            self._test_pace = self.settings.repeat_pace(clear.pace)
+            self._test_until, self._test_pace = self.settings.repeat(clear, total, self.fast)
+            # One taken unpaced, repeated at a share of the new-file rate, is judged as the
+            # unpaced run it repeats: falling short of a pace that near the drive's own rate
+            # is the drive's noise, not its cliff.
+            self._judged_unpaced = not clear.pace and bool(self._test_pace)
             self._enter(REPEAT, 0.0)
         else:
             self._plan(0.0, fill, model.cliff.cache(self.drain or 0.0) if model.has_cliff
@@ -267,7 +271,8 @@ class SaveController(SaveReadings):
         self._enter(RECOVER, seconds)
 
     def _test(self, seconds: float, done: float) -> None:
-        bursting = self.looks[-1][DRIVE] < self._test_until or not self._test_pace
+        bursting = self.looks[-1][DRIVE] < self._test_until or not self._test_pace or \
+            self._judged_unpaced
         if not bursting and not self._steady:  # the burst's end: paced from here
             self._new_run(self.looks[-1][0], self.pace())
         cliff = self._cliff_tested(seconds, bursting)
@@ -373,9 +378,10 @@ class SaveController(SaveReadings):
         self._first = self._first or cliff
         if cliff.shown_by == "writes" and (self.mode in (BURST, REFILL) or
                                            self.mode in (TEST, REPEAT) and not self._steady):
-            # Met unpaced: the drive's own rates before and in its cliff.
-            rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
-            self.fast = rec.fast_rate or self.fast
+            # Met unpaced: the drive's own rates before (not a repeat's pace) and in its cliff.
+            if not self._judged_unpaced:
+                rec.fast_rate = rec.fast_rate or self._run_rate(cliff.seconds)
+                self.fast = rec.fast_rate or self.fast
             # Past the cliff's first slice (still a slice's worth at once), over one slice
             # counted to its edges (the looks inside span less and read a step high).
             whole = rate_between(self.looks, cliff.seconds, seconds)
