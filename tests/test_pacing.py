@@ -25,7 +25,9 @@ from flashstream.checkpoint.save_control import (
     PAUSE,
     PAUSE_RATE,
     PLAN,
+    RECOVER,
     REPEAT,
+    TEST,
     SaveController,
 )
 from flashstream.telemetry.drive_model import (
@@ -281,6 +283,35 @@ def _measuring_save(total, *, fast, post, drain, cache, margin, stepped=False, l
         if t >= next_look - 1e-9:
             pace, next_look = ctl.look(t, done, done), next_look + look
     return ctl.finish(t, done, done)
+
+
+def _tested_to_its_cliff(total: float) -> list:
+    """A test's save (unpaced to its burst, then at 0.6 GB/s) on a drive whose cliff comes at
+    0.9 GB written (then 0.25 GB/s): the modes it went through, (seconds, mode)."""
+    model = _model(fast_rate=1e9, post_cache_rate=0.25e9, drain_rate=0.15e9,
+                   cliff=ReferenceCliff(1.0, 0.85e9))
+    ctl = SaveController(model, total=total, start_fill=lambda d: 0.0, test=0.6e9)
+    t = done = 0.0
+    modes = [(0.0, ctl.mode)]
+    while done < total and t < 10.0:
+        pace = ctl.pace()
+        rate = min(pace or 2e9, 1e9 if done < 0.9e9 else 0.25e9) if pace > 1.0 else 0.0
+        t, done = t + 0.02, min(total, done + rate * 0.02)
+        ctl.look(t, done)
+        if ctl.mode != modes[-1][1]:
+            modes.append((t, ctl.mode))
+    return modes
+
+
+def test_a_cliff_met_with_few_bytes_left_writes_them_rather_than_wait_out_the_margin():
+    """A test that meets its cliff at the end of its save stops and waits for the drive to
+    free its margin, seconds; bytes the drive folds within a slice keep it in its cliff no
+    longer than a cliff is placed to, so they are written at once (on the emulator a save
+    waited 1.2 s to write its last 26 MB, 1.9 x the shortest save)."""
+    few = _tested_to_its_cliff(0.935e9)  # about 7 MB left at the cliff
+    assert [m for _t, m in few] == [TEST, RECOVER, PLAN] and few[2][0] - few[1][0] < 0.05
+    many = _tested_to_its_cliff(0.975e9)  # about 47 MB: the drive folds them in 0.4 s
+    assert [m for _t, m in many] == [TEST, RECOVER, PLAN] and many[2][0] - many[1][0] > 0.5
 
 
 def test_a_cliff_stops_the_write_so_the_drive_folds_and_then_reads_its_drain():

@@ -344,7 +344,10 @@ class SaveController(SaveReadings):
         out = self._reads_show_out(seconds)
         if out and self.record.exit_s is None:
             self._note_exit(seconds)
-        if out or freed >= margin or self._out_of_time(seconds) or \
+        # Bytes left that the drive folds within a slice keep it in its cliff no longer than
+        # a cliff is placed to: written now, they spare the save the wait for its margin.
+        few = self.total - done <= SLICE_S * (self.drain or 0.0)
+        if out or few or freed >= margin or self._out_of_time(seconds) or \
                 seconds - self._since > MAX_STOP_S:
             self._plan(seconds, cache - max(0.0, freed), cache)
 
