@@ -228,9 +228,10 @@ class SaveController(SaveReadings):
                 rec.drain, rec.drain_how, rec.drain_from = bound, LOWER_BOUND, "no cliff"
         rec.others_bytes = self.looks[-1][DRIVE] - self.looks[-1][1]
         if not rec.cliffs and self.mode in (TEST, REPEAT, BURST):
-            pace = self.model.clear.pace if self.mode == REPEAT else self._test_pace
-            rec.clear = (self._test_until if self._test_pace else self.total, pace,
-                         self.start_fill(self.model.drain or 0.0))
+            # A repeat took the schedule it repeats clear again; a test or a burst, its own.
+            burst, pace = (self.model.clear.burst, self.model.clear.pace) if self.mode == REPEAT \
+                else (self._test_until if self._test_pace else self.total, self._test_pace)
+            rec.clear = (burst, pace, self.start_fill(self.model.drain or 0.0))
         rec.ends_full = tail is not None or self.mode in (PAUSE, RECOVER) and not self._probed
         rec.end_fill = self._end_fill(seconds)
         if rec.cliffs:
